@@ -1,0 +1,277 @@
+"""Run configuration: a pydantic schema, YAML files and dotted command line overrides.
+
+Every field has a docstring; the defaults run the built-in demo (a tiny model learning integer
+arithmetic on a CPU). ``load_config(path, ["--trainer.lr=3e-4", ...])`` merges a YAML file and
+overrides into the defaults and validates the result; a bad key or value raises
+:class:`ConfigError` naming the offending path (``trainer.lr``).
+
+This module imports nothing heavy (no torch), so the CLI can reject a bad config instantly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message says which key and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class RunConfig(_Section):
+    output_dir: str = "runs"
+    """Parent folder of run directories."""
+    name: str | None = None
+    """Run directory name under ``output_dir``; default: ``<task>-<date>-<time>``."""
+    seed: int = 0
+    """Seed for torch, numpy and Python's random (data order, sampling, initialisation)."""
+    threads: int | None = None
+    """torch CPU threads for this process; default: what torch picks (all cores)."""
+    device: str = "auto"
+    """``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    resume: bool = False
+    """Continue the run in ``output_dir/name`` from its latest checkpoint (needs ``name``)."""
+
+    @model_validator(mode="after")
+    def _check_resume(self) -> RunConfig:
+        if self.resume and not self.name:
+            raise ValueError("resume=true needs run.name: the directory of the run to continue")
+        return self
+
+
+class ModelConfig(_Section):
+    policy: str = "builtin:tiny-arithmetic"
+    """Hugging Face model id or local path of the policy (a causal LM); ``builtin:tiny-arithmetic``
+    is the demo's tiny Llama, built and warm-started on first use and cached."""
+    reference: str | None = None
+    """Model id or path of the frozen reference; default: the same checkpoint as ``policy``."""
+    tokenizer: str | None = None
+    """Tokenizer id or path; default: the policy's."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype; ``auto`` is float32 on CPU and bfloat16 on GPUs that support it."""
+    chat_template: bool | None = None
+    """Wrap prompts in the tokenizer's chat template; default: when the tokenizer has one."""
+    trust_remote_code: bool = False
+    """Passed to ``from_pretrained``; only enable for repositories you trust."""
+    cache_dir: str | None = None
+    """Where the built-in demo model is cached; default ``$TBA_CACHE`` or ``~/.cache/tba``."""
+
+
+class ArithmeticTaskConfig(_Section):
+    name: Literal["arithmetic"] = "arithmetic"
+    """Task name. Built in: ``arithmetic`` (integer problems such as ``37+85=``)."""
+    digits: int = Field(2, ge=1, le=6)
+    """Operands have up to this many digits."""
+    operators: str = "+-"
+    """Operators to draw from, any of ``+-*``."""
+    eval_size: int = Field(256, ge=1)
+    """Problems in the held-out evaluation split (never used for training)."""
+    seed: int = 1234
+    """Seed of the train/eval split (independent of ``run.seed`` so splits match across runs)."""
+
+    @model_validator(mode="after")
+    def _check_operators(self) -> ArithmeticTaskConfig:
+        bad = sorted(set(self.operators) - set("+-*"))
+        if bad or not self.operators:
+            raise ValueError(f"operators must be a non-empty subset of '+-*', got {self.operators!r}")
+        return self
+
+
+class GenerationConfig(_Section):
+    backend: Literal["hf"] = "hf"
+    """Generation backend: ``hf`` (transformers ``generate``)."""
+    group_size: int = Field(8, ge=2)
+    """K: completions sampled per prompt (one group)."""
+    prompts_per_batch: int = Field(16, ge=1)
+    """Prompts a searcher takes per generation batch."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold (1.0 disables it)."""
+    max_new_tokens: int = Field(8, ge=1)
+    """Completion length limit in tokens; completions cut here count as unfinished."""
+    unfinished_reward: float | None = None
+    """Reward for completions without EOS (e.g. -1 as for TL;DR); default: the task's reward."""
+
+
+class ObjectiveConfig(_Section):
+    type: Literal["tb"] = "tb"
+    """Training objective: ``tb`` (trajectory balance, VarGrad log Z)."""
+    beta: float = Field(0.05, gt=0)
+    """KL coefficient β (start value when annealed)."""
+    beta_final: float | None = Field(None, gt=0)
+    """If set, β moves linearly from ``beta`` to this over ``beta_anneal_steps``, then stays."""
+    beta_anneal_steps: int = Field(0, ge=0)
+    """Steps of the linear β annealing."""
+
+    @model_validator(mode="after")
+    def _check_anneal(self) -> ObjectiveConfig:
+        if self.beta_final is not None and self.beta_anneal_steps <= 0:
+            raise ValueError("beta_final needs beta_anneal_steps > 0")
+        return self
+
+
+class BufferConfig(_Section):
+    capacity: int = Field(100_000, ge=1)
+    """Rollouts held in the replay buffer; the oldest are evicted first."""
+    per_prompt_capacity: int | None = Field(100, ge=1)
+    """Rollouts held per prompt (the paper's per-prompt buffer); None for no limit."""
+    recent_prob: float = Field(0.95, ge=0, le=1)
+    """m: probability of drawing a prompt that got data since the last weight publication."""
+    reward_inv_temp: float = 0.0
+    """Otherwise completions are drawn by softmax(reward * inv_temp); 0 is uniform."""
+    min_completions: int = Field(2, ge=1)
+    """Distinct completions a prompt needs before it can be drawn."""
+    min_groups: int | None = None
+    """Groups to collect before the first step; default: one batch (trainer.batch_prompts)."""
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(200, ge=1)
+    """Optimizer steps."""
+    batch_prompts: int = Field(16, ge=1)
+    """Prompts (groups) per batch; each contributes generation.group_size completions."""
+    micro_batch_prompts: int | None = None
+    """Groups per forward/backward pass (gradient accumulation); default: the whole batch."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(10, ge=0)
+    """Linear learning-rate warmup from 0."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After warmup: constant, or cosine / linear decay to ``min_lr_ratio`` at the last step."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of the decayed learning rate, as a fraction of ``lr``."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; None disables clipping."""
+    sync_interval: int = Field(1, ge=1)
+    """k: publish weights to searchers every k steps."""
+    checkpoint_every: int | None = Field(None, ge=1)
+    """Save a checkpoint every N steps (always at the end)."""
+
+
+class EvalConfig(_Section):
+    every: int = Field(50, ge=1)
+    """Evaluate every N steps (also before the first and after the last)."""
+    max_new_tokens: int | None = None
+    """Generation limit at evaluation; default: generation.max_new_tokens."""
+    batch_size: int = Field(256, ge=1)
+    """Prompts per greedy generation batch at evaluation."""
+
+
+class RuntimeConfig(_Section):
+    type: Literal["sync"] = "sync"
+    """``sync``: generate a fresh batch with the current policy, train on it, repeat."""
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = False
+    """Also write TensorBoard event files to ``<run>/tensorboard`` (needs ``tensorboard``)."""
+    progress: bool = True
+    """Show a progress bar (a plain line per evaluation when the output is not a terminal)."""
+    every: int = Field(1, ge=1)
+    """Write training metrics every N steps."""
+
+
+class Config(_Section):
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    task: ArithmeticTaskConfig = ArithmeticTaskConfig()
+    generation: GenerationConfig = GenerationConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    buffer: BufferConfig = BufferConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    eval: EvalConfig = EvalConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> Config:
+        micro = self.trainer.micro_batch_prompts
+        if micro is not None and self.trainer.batch_prompts % micro:
+            raise ValueError(
+                f"trainer.micro_batch_prompts {micro} does not divide "
+                f"trainer.batch_prompts {self.trainer.batch_prompts}"
+            )
+        return self
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn ``["--a.b=1", "--c.d", "x"]`` into a nested dict; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"expected an override like --section.key=value, got {arg!r}")
+        key, sep, raw = arg[2:].partition("=")
+        if not sep:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"override --{key} has no value; write --{key}=VALUE")
+            raw = args[i + 1]
+            i += 1
+        i += 1
+        parts = key.split(".")
+        if not all(parts):
+            raise ConfigError(f"malformed override key {key!r}")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r} conflicts with an earlier one")
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return tree
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {path}: {msg} (got {e.get('input')!r})")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the YAML file at ``path``, then ``--section.key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path} must hold a mapping of sections, got {type(loaded).__name__}")
+        data = loaded
+    if overrides:
+        data = _merge(data, parse_overrides(overrides))
+    return build_config(data)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

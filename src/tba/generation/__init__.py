@@ -1,0 +1,1 @@
+"""Generation backends behind one interface (HF ``generate`` here)."""

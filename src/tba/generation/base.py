@@ -1,0 +1,35 @@
+"""The generation interface that searchers and the evaluator are written against.
+
+A backend turns prompt token ids into completions; it can also take new policy weights. The HF
+``generate`` backend implements it here; a vLLM backend can implement the same two methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1  # completions per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    greedy: bool = False
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # up to and including the first EOS
+    finished: bool  # ended with EOS (else cut at max_new_tokens)
+
+
+class Generator(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, in prompt order."""
+        ...
+
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        """Replace the sampling policy's weights with ``state_dict`` (trainer step ``version``)."""
+        ...

@@ -1,0 +1,57 @@
+"""Generation with Hugging Face ``generate``: batched, left-padded, K samples per prompt."""
+
+from __future__ import annotations
+
+import torch
+
+from tba.generation.base import Completion, SamplingParams
+from tba.models.logprobs import truncate_at_eos
+
+
+class HFGenerator:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: set[int], batch_size: int = 512):
+        self.model = model
+        self.pad_id = pad_id
+        self.eos_ids = eos_ids
+        self.batch_size = batch_size  # sequences per generate call
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        flat = [p for p in prompts for _ in range(params.n)]  # K copies of each prompt, consecutive
+        outputs: list[Completion] = []
+        for i in range(0, len(flat), self.batch_size):
+            outputs.extend(self._generate_batch(flat[i : i + self.batch_size], params))
+        return [outputs[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p) :] = 1
+        was_training = self.model.training
+        self.model.eval()
+        sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        out = self.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            do_sample=not params.greedy,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
+            **sampling,
+        )
+        self.model.train(was_training)
+        new = out[:, width:].tolist()  # [N, <=max_new_tokens]
+        completions = []
+        for row in new:
+            tokens = truncate_at_eos(row, self.eos_ids)
+            finished = bool(tokens) and tokens[-1] in self.eos_ids
+            completions.append(Completion(tokens, finished))
+        return completions
+
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        self.model.load_state_dict(state_dict)
+        self.version = version

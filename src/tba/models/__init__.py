@@ -1,0 +1,1 @@
+"""Model loading, sequence log-probs and the built-in demo model."""

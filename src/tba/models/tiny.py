@@ -1,0 +1,157 @@
+"""The built-in demo model: a tiny Llama with a character-level tokenizer, warm-started on
+arithmetic so that reinforcement learning starts from partial accuracy.
+
+``ensure_tiny_model(task_cfg)`` returns a local directory holding an ordinary Hugging Face
+checkpoint (``config.json``, ``model.safetensors``, tokenizer files) that ``from_pretrained``
+loads like any other. It is built once per task setting and cached under ``$TBA_CACHE`` (default
+``~/.cache/tba``); later runs reuse it.
+
+The warm start is supervised next-token training on ``problem=answer<eos>`` strings from the
+task's training split, stopped as soon as greedy accuracy on a validation sample of that split
+reaches ``target_accuracy`` (so the RL demo has room to improve, whatever the machine's speed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from tba.generation.base import SamplingParams
+from tba.generation.hf import HFGenerator
+from tba.models.logprobs import pack
+from tba.tasks.arithmetic import ArithmeticTask
+
+BUILTIN_PREFIX = "builtin:"
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = list("0123456789+-*/=() ")
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate_size: int = 384
+    max_positions: int = 64
+    # warm start
+    batch_size: int = 128
+    lr: float = 1e-3
+    max_steps: int = 3000
+    check_every: int = 25
+    target_accuracy: float = 0.5
+    validation_size: int = 256
+    seed: int = 0
+    version: int = 1  # bump when the recipe changes so caches are rebuilt
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+
+
+def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, spec: TinySpec = TinySpec()) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        max_position_embeddings=spec.max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(spec.seed)
+    return LlamaForCausalLM(config)
+
+
+def greedy_accuracy(model, tokenizer, task: ArithmeticTask, prompts, max_new_tokens: int = 8) -> float:
+    gen = HFGenerator(model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
+    ids = [tokenizer(p.text)["input_ids"] for p in prompts]
+    outs = gen.generate(ids, SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens))
+    texts = tokenizer.batch_decode([o[0].token_ids for o in outs], skip_special_tokens=True)
+    return sum(task.reward(p, t) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
+
+
+def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TinySpec(), log=print) -> dict:
+    """Supervised training on correct answers until validation accuracy reaches the target."""
+    rng = random.Random(spec.seed)
+    valid = task.sample_prompts(spec.validation_size, random.Random(spec.seed + 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    eos = tokenizer.eos_token_id
+    acc, step, start = 0.0, 0, time.time()
+    model.train()
+    for step in range(1, spec.max_steps + 1):
+        batch = task.sample_prompts(spec.batch_size, rng)
+        prompts = [tokenizer(p.text)["input_ids"] for p in batch]
+        targets = [tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [eos] for p in batch]
+        ids, attn, comp_mask, p_len = pack(prompts, targets, tokenizer.pad_token_id)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, p_len:], reduction="none")
+        loss = (nll * comp_mask).sum() / comp_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % spec.check_every == 0:
+            acc = greedy_accuracy(model, tokenizer, task, valid)
+            log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy {acc:.1%}")
+            if acc >= spec.target_accuracy:
+                break
+    return {"steps": step, "validation_accuracy": acc, "seconds": round(time.time() - start, 1)}
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    return Path(cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
+
+
+def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = TinySpec(), log=print) -> Path:
+    """Path of the warm-started demo checkpoint for this arithmetic setting; built on first use."""
+    if task_cfg.name != "arithmetic":
+        raise ValueError(f"builtin:tiny-arithmetic is warm-started on the arithmetic task, not {task_cfg.name!r}")
+    key = {"task": task_cfg.model_dump(), "spec": asdict(spec)}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_root(cache_dir) / f"tiny-arithmetic-{digest}"
+    if (path / "warm_start.json").is_file():
+        return path
+    log(f"building the demo model (once; cached at {path})")
+    torch.manual_seed(spec.seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, spec)
+    task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed)
+    info = warm_start(model, tokenizer, task, spec, log)
+    info["parameters"] = sum(p.numel() for p in model.parameters())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".building-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "warm_start.json").write_text(json.dumps(info, indent=2))
+    if path.exists():  # a half-written directory from an interrupted build
+        shutil.rmtree(path)
+    os.replace(tmp, path)  # atomic: a crash never leaves a cache entry that looks complete
+    log(f"demo model ready: {info['parameters']:,} parameters, {info['steps']} warm-start steps")
+    return path

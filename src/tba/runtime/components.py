@@ -1,0 +1,115 @@
+"""Build a run's parts from its config: task, tokenizer, models, buffer, searcher, trainer.
+
+Shared by every runtime, so the sync and (later) distributed runtimes train the same thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tba.buffer import ReplayBuffer
+from tba.config import Config
+from tba.generation.base import SamplingParams
+from tba.generation.hf import HFGenerator
+from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer, resolve_device
+from tba.models.tiny import BUILTIN_PREFIX, ensure_tiny_model
+from tba.searcher import Searcher
+from tba.tasks import Task, build_task
+from tba.trainer import Trainer
+from tba.weights import LocalWeightStore
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_model_path(name: str, cfg: Config, log=print) -> str:
+    """A Hugging Face id or local path; ``builtin:`` names are built and cached on first use."""
+    if not name.startswith(BUILTIN_PREFIX):
+        return name
+    if name != "builtin:tiny-arithmetic":
+        raise ValueError(f"unknown built-in model {name!r}; built in: builtin:tiny-arithmetic")
+    return str(ensure_tiny_model(cfg.task, cfg.model.cache_dir, log=log))
+
+
+@dataclass
+class Components:
+    task: Task
+    tokenizer: object
+    policy: torch.nn.Module
+    buffer: ReplayBuffer
+    trainer: Trainer
+    searcher: Searcher
+    eval_generator: HFGenerator
+    eos_ids: set[int]
+    policy_path: str
+
+
+def build_components(cfg: Config, log=print) -> Components:
+    device = resolve_device(cfg.run.device)
+    task = build_task(cfg.task)
+    policy_path = resolve_model_path(cfg.model.policy, cfg, log)
+    ref_path = resolve_model_path(cfg.model.reference, cfg, log) if cfg.model.reference else policy_path
+    tokenizer = load_tokenizer(cfg.model.tokenizer or policy_path, cfg.model.trust_remote_code)
+    policy = load_causal_lm(policy_path, device, cfg.model.dtype, cfg.model.trust_remote_code)
+    reference = load_causal_lm(ref_path, device, cfg.model.dtype, cfg.model.trust_remote_code, trainable=False)
+    eos = eos_ids(tokenizer, policy)
+    pad = tokenizer.pad_token_id
+
+    # The searcher samples from its own copy of the policy, refreshed only when the trainer
+    # publishes, so its data is tagged with the version that really produced it.
+    sampler = copy.deepcopy(policy).eval().requires_grad_(False)
+    weights = LocalWeightStore()
+    b = cfg.buffer
+    buffer = ReplayBuffer(
+        capacity=b.capacity,
+        per_prompt_capacity=b.per_prompt_capacity,
+        recent_prob=b.recent_prob,
+        reward_inv_temp=b.reward_inv_temp,
+        min_completions=b.min_completions,
+        seed=cfg.run.seed,
+    )
+    trainer = Trainer(policy, buffer, weights, cfg.trainer, cfg.objective, cfg.generation.group_size, pad, eos)
+    g = cfg.generation
+    searcher = Searcher(
+        task,
+        tokenizer,
+        HFGenerator(sampler, pad, eos),
+        reference,
+        weights,
+        SamplingParams(n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens),
+        g.prompts_per_batch,
+        eos,
+        seed=cfg.run.seed,
+        chat_template=cfg.model.chat_template,
+        unfinished_reward=g.unfinished_reward,
+    )
+    return Components(
+        task, tokenizer, policy, buffer, trainer, searcher, HFGenerator(policy, pad, eos), eos, policy_path
+    )
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    from datetime import datetime
+
+    name = cfg.run.name or f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(cfg.run.output_dir) / name
+    if cfg.run.resume:
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"run.resume=true but {run_dir} does not exist")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(
+            f"run directory {run_dir} already holds a run; pick another run.name, "
+            f"or pass --run.resume=true to continue it"
+        )
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run_dir / "plots").mkdir(exist_ok=True)
+    return run_dir

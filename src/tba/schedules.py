@@ -1,0 +1,43 @@
+"""Schedules as plain functions of the trainer step: β annealing and learning-rate multipliers."""
+
+from __future__ import annotations
+
+import math
+
+
+def beta_at(step: int, beta: float, beta_final: float | None = None, anneal_steps: int = 0) -> float:
+    """β at ``step``: constant, or linear from ``beta`` to ``beta_final`` over ``anneal_steps``.
+
+    The paper's GSM8K setting is ``beta_at(step, 0.014, 0.004, 500)``.
+    """
+    if beta_final is None or anneal_steps <= 0:
+        return beta
+    frac = min(max(step, 0) / anneal_steps, 1.0)
+    return beta + (beta_final - beta) * frac
+
+
+def lr_multiplier(
+    step: int,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    min_ratio: float = 0.0,
+) -> float:
+    """Multiplier of the peak learning rate for optimizer step ``step`` (0-based).
+
+    Linear warmup from 1/(warmup+1) to 1 over ``warmup_steps`` (so step 0 is not wasted at lr 0),
+    then constant, or cosine / linear decay to ``min_ratio`` at the last step.
+    """
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    span = max(total_steps - 1 - warmup_steps, 1)
+    frac = min((step - warmup_steps) / span, 1.0)
+    if schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * frac))
+    elif schedule == "linear":
+        decay = 1.0 - frac
+    else:
+        raise ValueError(f"unknown lr schedule {schedule!r}; use constant, cosine or linear")
+    return min_ratio + (1.0 - min_ratio) * decay

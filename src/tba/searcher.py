@@ -1,0 +1,165 @@
+"""The searcher role: turn the newest published policy into scored rollout groups.
+
+One call of :meth:`Searcher.step` is one generation batch:
+
+    pull newest weights if any → take prompts → generate K each → reward → reference log-probs
+    → return groups (the runtime sends them to the trainer)
+
+Each group is tagged with the version of the weights that generated it. Per-sample problems (a
+reward function that raises or returns NaN, an empty completion) drop that completion and are
+counted; a group left with fewer than two completions carries no learning signal for trajectory
+balance and is dropped too.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from tba.generation.base import Generator, SamplingParams
+from tba.models.loading import encode_prompts
+from tba.models.logprobs import sequence_logprobs
+from tba.rewards import RewardStats, safe_reward
+from tba.tasks.base import Prompt, Task
+from tba.types import RolloutGroup
+from tba.weights import WeightStore
+
+
+@dataclass
+class SearcherStats:
+    completions: int = 0
+    tokens: int = 0
+    empty: int = 0
+    unfinished: int = 0
+    dropped_groups: int = 0
+    weight_updates: int = 0
+
+
+class Searcher:
+    def __init__(
+        self,
+        task: Task,
+        tokenizer,
+        generator: Generator,
+        reference: torch.nn.Module,
+        weights: WeightStore,
+        params: SamplingParams,
+        prompts_per_batch: int,
+        eos_ids: set[int],
+        searcher_id: int = 0,
+        seed: int = 0,
+        chat_template: bool | None = None,
+        unfinished_reward: float | None = None,
+        ref_micro_batch: int | None = None,
+    ):
+        self.task = task
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.reference = reference
+        self.weights = weights
+        self.params = params
+        self.prompts_per_batch = prompts_per_batch
+        self.eos_ids = eos_ids
+        self.searcher_id = searcher_id
+        self.rng = random.Random(seed * 1000 + searcher_id)
+        self.chat_template = chat_template
+        self.unfinished_reward = unfinished_reward
+        self.ref_micro_batch = ref_micro_batch
+        self.version = -1  # no weights loaded yet
+        self.stats = SearcherStats()
+        self.reward_stats = RewardStats()
+
+    def pull_weights(self) -> bool:
+        """Load the newest published weights if they are newer than ours."""
+        newest = self.weights.fetch(newer_than=self.version)
+        if newest is None:
+            return False
+        version, state = newest
+        self.generator.load_weights(state, version)
+        self.version = version
+        self.stats.weight_updates += 1
+        return True
+
+    def step(self) -> list[RolloutGroup]:
+        self.pull_weights()
+        if self.version < 0:
+            raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
+        prompts = self.task.sample_prompts(self.prompts_per_batch, self.rng)
+        prompt_ids = encode_prompts(self.tokenizer, [p.text for p in prompts], self.chat_template)
+        outputs = self.generator.generate(prompt_ids, self.params)
+        kept = [self._score(p, outs) for p, outs in zip(prompts, outputs, strict=True)]
+        return self._with_ref_logps(prompts, prompt_ids, kept)
+
+    def _score(self, prompt: Prompt, outs) -> list[tuple[list[int], float, bool]]:
+        """(token ids, reward, finished) of the usable completions of one prompt."""
+        kept = []
+        for out in outs:
+            self.stats.completions += 1
+            self.stats.tokens += len(out.token_ids)
+            content = [t for t in out.token_ids if t not in self.eos_ids]
+            if not content:
+                self.stats.empty += 1
+                continue
+            if not out.finished:
+                self.stats.unfinished += 1
+                if self.unfinished_reward is not None:
+                    kept.append((out.token_ids, self.unfinished_reward, False))
+                    continue
+            text = self.tokenizer.decode(content, skip_special_tokens=True)
+            reward = safe_reward(lambda p=prompt, t=text: self.task.reward(p, t), self.reward_stats)
+            if reward is not None:
+                kept.append((out.token_ids, reward, out.finished))
+        return kept
+
+    @torch.no_grad()
+    def _with_ref_logps(self, prompts, prompt_ids, kept) -> list[RolloutGroup]:
+        flat_prompts, flat_completions = [], []
+        for ids, items in zip(prompt_ids, kept, strict=True):
+            if len(items) < 2:
+                continue
+            flat_prompts += [ids] * len(items)
+            flat_completions += [tokens for tokens, _, _ in items]
+        ref = []
+        if flat_completions:
+            ref = sequence_logprobs(
+                self.reference,
+                flat_prompts,
+                flat_completions,
+                self.tokenizer.pad_token_id,
+                self.eos_ids,
+                micro_batch=self.ref_micro_batch,
+            ).tolist()
+        groups, i = [], 0
+        for prompt, ids, items in zip(prompts, prompt_ids, kept, strict=True):
+            if len(items) < 2:
+                self.stats.dropped_groups += 1
+                continue
+            n = len(items)
+            groups.append(
+                RolloutGroup(
+                    prompt_id=prompt.id,
+                    prompt_ids=ids,
+                    completions=[tokens for tokens, _, _ in items],
+                    rewards=[r for _, r, _ in items],
+                    ref_logps=ref[i : i + n],
+                    policy_version=self.version,
+                    searcher_id=self.searcher_id,
+                    finished=[f for _, _, f in items],
+                )
+            )
+            i += n
+        return groups
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        out = {
+            "searcher/completions": float(s.completions),
+            "searcher/empty_completions": float(s.empty),
+            "searcher/unfinished": float(s.unfinished),
+            "searcher/dropped_groups": float(s.dropped_groups),
+            "searcher/version": float(self.version),
+        }
+        out.update(self.reward_stats.as_metrics())
+        return out

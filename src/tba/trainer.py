@@ -1,0 +1,145 @@
+"""The trainer role: replay buffer in, optimizer steps out, weights published every k steps.
+
+One call of :meth:`Trainer.step`:
+
+    sample a batch of groups from the buffer → sequence log-probs under the policy
+    → trajectory balance loss → clip gradients → AdamW step → LR schedule step
+    → every k steps publish weights (and open a new "recent data" window in the buffer)
+
+Micro-batches hold whole groups, so the per-prompt log Z is always computed from the prompt's
+own K completions (the paper's code was only right with one prompt per micro-batch). The
+trainer never needs the reference model: searchers attach reference log-probs to rollouts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from tba.buffer import ReplayBuffer
+from tba.config import ObjectiveConfig, TrainerConfig
+from tba.models.logprobs import sequence_logprobs
+from tba.objectives import tb_loss
+from tba.schedules import beta_at, lr_multiplier
+from tba.types import Batch, RolloutGroup
+from tba.weights import WeightStore
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        buffer: ReplayBuffer,
+        weights: WeightStore,
+        cfg: TrainerConfig,
+        objective: ObjectiveConfig,
+        group_size: int,
+        pad_id: int,
+        eos_ids: set[int],
+    ):
+        self.model = model
+        self.buffer = buffer
+        self.weights = weights
+        self.cfg = cfg
+        self.objective = objective
+        self.group_size = group_size
+        self.pad_id = pad_id
+        self.eos_ids = eos_ids
+        self.version = 0  # optimizer steps taken: the version of the current weights
+        self.skipped_steps = 0
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_multiplier(s, cfg.steps, cfg.warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio),
+        )
+
+    def ingest(self, groups: list[RolloutGroup]) -> int:
+        """Put arrived groups in the buffer; returns the number of new rollouts."""
+        return sum(self.buffer.add(g, step=self.version) for g in groups)
+
+    def publish(self) -> float:
+        """Publish the current weights as version ``self.version``; returns the seconds it took."""
+        start = time.perf_counter()
+        self.weights.publish(self.model.state_dict(), self.version)
+        self.buffer.mark_sync()
+        return time.perf_counter() - start
+
+    def step(self) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
+        beta = beta_at(self.version, self.objective.beta, self.objective.beta_final, self.objective.beta_anneal_steps)
+        metrics = self._accumulate_gradients(batch, beta)
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:  # one bad batch must not poison the weights of a long run
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
+        self.version += 1
+
+        lags = [self.version - 1 - r.policy_version for r in batch.rollouts]
+        metrics.update(
+            {
+                "train/grad_norm": grad_norm,
+                "train/beta": beta,
+                "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/lag_mean": sum(lags) / len(lags),
+                "train/lag_max": float(max(lags)),
+                "train/skipped_steps": float(self.skipped_steps),
+                "train/step_s": time.perf_counter() - start,
+                **batch.stats,
+                **self.buffer.stats(),
+            }
+        )
+        if self.version % self.cfg.sync_interval == 0:
+            metrics["train/publish_s"] = self.publish()
+        return metrics
+
+    def _accumulate_gradients(self, batch: Batch, beta: float) -> dict[str, float]:
+        k = self.group_size
+        groups_per_micro = self.cfg.micro_batch_prompts or batch.num_groups
+        totals: dict[str, float] = {}
+        for g0 in range(0, batch.num_groups, groups_per_micro):
+            g1 = min(g0 + groups_per_micro, batch.num_groups)
+            rollouts = batch.rollouts[g0 * k : g1 * k]
+            prompts = [batch.prompt_ids[g] for g in range(g0, g1) for _ in range(k)]
+            logp = sequence_logprobs(
+                self.model, prompts, [list(r.completion) for r in rollouts], self.pad_id, self.eos_ids
+            )  # [G*K]
+            ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
+            reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
+            loss, m = tb_loss(logp, ref, reward, beta, k)
+            share = (g1 - g0) / batch.num_groups  # micro-batch losses are means: weight by size
+            (loss * share).backward()
+            parts = {
+                "train/loss": loss.item(),
+                "train/log_z": m["log_z_mean"],
+                "train/kl": m["kl"],
+                "train/reward_mean": reward.mean().item(),
+                "train/completion_len": sum(len(r.completion) for r in rollouts) / len(rollouts),
+            }
+            for key, value in parts.items():
+                totals[key] = totals.get(key, 0.0) + value * share
+        return totals
+
+    def state_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "skipped_steps": self.skipped_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = state["version"]
+        self.skipped_steps = state["skipped_steps"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,73 @@
+"""Records that cross component (and, later, process) boundaries.
+
+Plain dataclasses of Python numbers and lists: cheap to pickle, no torch inside, so a searcher on
+another machine can send them without sharing tensors or devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RolloutGroup:
+    """The K completions of one prompt, produced by one searcher with one policy version.
+
+    Sequence log-probs are sums over completion tokens (EOS included, padding excluded).
+    """
+
+    prompt_id: str
+    prompt_ids: list[int]
+    completions: list[list[int]]  # K lists of token ids, each ending at (and including) EOS if finished
+    rewards: list[float]
+    ref_logps: list[float]
+    policy_version: int  # trainer step count of the weights that generated the completions
+    searcher_id: int = 0
+    sampler_logps: list[float] | None = None  # sequence log-probs under the sampling policy
+    finished: list[bool] | None = None  # completion ended with EOS (not cut at max_new_tokens)
+
+    def __post_init__(self) -> None:
+        k = len(self.completions)
+        for name in ("rewards", "ref_logps", "sampler_logps", "finished"):
+            values = getattr(self, name)
+            if values is not None and len(values) != k:
+                raise ValueError(
+                    f"RolloutGroup {self.prompt_id!r}: {name} has {len(values)} entries for {k} completions"
+                )
+
+    @property
+    def size(self) -> int:
+        return len(self.completions)
+
+
+@dataclass
+class Rollout:
+    """One completion as the replay buffer stores it."""
+
+    prompt_id: str
+    completion: tuple[int, ...]
+    reward: float
+    ref_logp: float
+    policy_version: int
+    arrival_step: int  # trainer step at which the buffer received it
+    sampler_logp: float | None = None
+    finished: bool = True
+    searcher_id: int = 0
+
+
+@dataclass
+class Batch:
+    """What the trainer trains on: ``num_groups`` groups of ``group_size`` rollouts each.
+
+    ``rollouts`` is flat, the ``group_size`` completions of each prompt consecutive, matching the
+    layout that :func:`tba.objectives.tb_loss` expects.
+    """
+
+    prompt_ids: list[list[int]]  # one entry per group
+    rollouts: list[Rollout]
+    group_size: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prompt_ids)
