@@ -31,34 +31,58 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train", usage=USAGE, help="train a policy (the built-in demo without a config)")
     train.add_argument("config", nargs="?", help="YAML config file; keys override the defaults")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    args, overrides = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "train" or any(a in ("-h", "--help") for a in argv[1:]):
+        parser.parse_args(argv)  # usage, --version, --help and unknown commands
+        return 2
+    try:
+        config_path, overrides, print_config = split_train_args(argv[1:])
+    except ConfigError as err:
+        print(f"tba: {err}", file=sys.stderr)
+        return 2
 
-    if args.command == "train":
-        config_path = args.config
-        if config_path is not None and config_path.startswith("--"):  # an override, not a file
-            overrides.insert(0, config_path)
-            config_path = None
-        try:
-            cfg = load_config(config_path, overrides)
-        except ConfigError as err:
-            print(f"tba: {err}", file=sys.stderr)
-            return 2
-        if args.print_config:
-            from tba.config import dump_config
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as err:
+        print(f"tba: {err}", file=sys.stderr)
+        return 2
+    if print_config:
+        from tba.config import dump_config
 
-            print(dump_config(cfg), end="")
-            return 0
-        from tba.runtime.sync import run_sync  # imports torch: only once the config is valid
+        print(dump_config(cfg), end="")
+        return 0
+    from tba.runtime.sync import run_sync  # imports torch: only once the config is valid
 
-        try:
-            run_sync(cfg)
-        except (FileExistsError, FileNotFoundError) as err:
-            print(f"tba: {err}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("tba: interrupted; what was written to the run directory is kept", file=sys.stderr)
-            return 130
+    try:
+        run_sync(cfg)
+    except (FileExistsError, FileNotFoundError) as err:
+        print(f"tba: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tba: interrupted; what was written to the run directory is kept", file=sys.stderr)
+        return 130
     return 0
+
+
+def split_train_args(args: list[str]) -> tuple[str | None, list[str], bool]:
+    """``[CONFIG] [--print-config] [--a.b=c | --a.b c ...]`` → (config path, overrides, print flag)."""
+    config_path, overrides, print_config = None, [], False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--print-config":
+            print_config = True
+        elif arg.startswith("--"):
+            overrides.append(arg)
+            if "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                overrides.append(args[i + 1])  # the space-separated form: --a.b VALUE
+                i += 1
+        elif config_path is None:
+            config_path = arg
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: give one config file, then --section.key=value overrides")
+        i += 1
+    return config_path, overrides, print_config
 
 
 if __name__ == "__main__":

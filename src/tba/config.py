@@ -22,7 +22,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, coerce_numbers_to_str=True
+    )
 
 
 class RunConfig(_Section):
@@ -145,7 +147,7 @@ class TrainerConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     warmup_steps: int = Field(10, ge=0)
-    """Linear learning-rate warmup from 0."""
+    """Linear learning-rate warmup over this many steps (from lr/(warmup_steps+1) up to lr)."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     """After warmup: constant, or cosine / linear decay to ``min_lr_ratio`` at the last step."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)

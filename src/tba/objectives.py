@@ -35,18 +35,20 @@ def tb_loss(
         beta: KL coefficient β > 0.
         group_size: K; the K completions of each prompt are consecutive.
     """
-    n = logp.shape[0]
     if logp.dim() != 1 or ref_logp.shape != logp.shape or reward.shape != logp.shape:
         raise ValueError(
             f"tb_loss takes three 1-D tensors of equal length, got shapes "
             f"{tuple(logp.shape)}, {tuple(ref_logp.shape)}, {tuple(reward.shape)}"
         )
+    n = logp.shape[0]
+    if n == 0:
+        raise ValueError("tb_loss got an empty batch")
     if group_size < 1 or n % group_size:
         raise ValueError(
             f"group_size {group_size} does not divide the batch of {n} completions; "
             f"pass the K completions of each prompt consecutively"
         )
-    if beta <= 0:
+    if not beta > 0:  # also rejects NaN
         raise ValueError(f"beta must be positive, got {beta}")
     ref_logp = ref_logp.to(logp.dtype)
     reward = reward.to(logp.dtype)

@@ -68,6 +68,7 @@ class Searcher:
         self.unfinished_reward = unfinished_reward
         self.ref_micro_batch = ref_micro_batch
         self.version = -1  # no weights loaded yet
+        self.last_reward_mean = float("nan")
         self.stats = SearcherStats()
         self.reward_stats = RewardStats()
 
@@ -90,6 +91,10 @@ class Searcher:
         prompt_ids = encode_prompts(self.tokenizer, [p.text for p in prompts], self.chat_template)
         outputs = self.generator.generate(prompt_ids, self.params)
         kept = [self._score(p, outs) for p, outs in zip(prompts, outputs, strict=True)]
+        rewards = [r for items in kept for _, r, _ in items]
+        # Mean reward of what this batch sampled (before the buffer deduplicates anything): the
+        # plainest measure of how the sampling policy is doing.
+        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
         return self._with_ref_logps(prompts, prompt_ids, kept)
 
     def _score(self, prompt: Prompt, outs) -> list[tuple[list[int], float, bool]]:
@@ -160,6 +165,7 @@ class Searcher:
             "searcher/unfinished": float(s.unfinished),
             "searcher/dropped_groups": float(s.dropped_groups),
             "searcher/version": float(self.version),
+            "searcher/reward_mean": self.last_reward_mean,
         }
         out.update(self.reward_stats.as_metrics())
         return out

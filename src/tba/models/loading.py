@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
@@ -81,12 +83,13 @@ def encode_prompts(
     if use_chat and not tokenizer.chat_template:
         raise ValueError("model.chat_template=true but the tokenizer has no chat template")
     if use_chat:
-        return [
-            list(
-                tokenizer.apply_chat_template(
-                    [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True
-                )
+        out = []
+        for t in texts:
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True
             )
-            for t in texts
-        ]
+            if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding, 4.x a list of ids
+                ids = ids["input_ids"]
+            out.append(list(ids))
+        return out
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]

@@ -49,10 +49,10 @@ class TinySpec:
     lr: float = 1e-3
     max_steps: int = 3000
     check_every: int = 25
-    target_accuracy: float = 0.5
+    target_accuracy: float = 0.3
     validation_size: int = 256
     seed: int = 0
-    version: int = 1  # bump when the recipe changes so caches are rebuilt
+    version: int = 3  # bump when the recipe changes so caches are rebuilt
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

@@ -1,0 +1,33 @@
+"""Shared fixtures: a tiny random Llama with the demo's character tokenizer, built in memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
+
+SMALL = TinySpec(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=64)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    torch.manual_seed(0)
+    model = build_tiny_llama(tokenizer, SMALL)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tokenizer):
+    """A saved Hugging Face checkpoint (model + tokenizer) in a temporary directory."""
+    path = tmp_path_factory.mktemp("tiny-checkpoint")
+    torch.manual_seed(0)
+    build_tiny_llama(tokenizer, SMALL).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,120 @@
+"""The real command line, end to end: build and warm-start the demo model, train, evaluate,
+write the run directory, resume. A small arithmetic setting keeps it to about a minute on 2 cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tba.metrics import read_metrics
+
+SMALL_DEMO = [
+    "--task.digits=1",
+    "--task.eval_size=40",
+    "--generation.prompts_per_batch=8",
+    "--trainer.batch_prompts=8",
+    "--trainer.lr=3e-4",
+    "--generation.max_new_tokens=4",
+    "--eval.every=20",
+    "--run.seed=0",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tba-cache")
+
+
+def tba(*args: str, cache_dir, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TBA_CACHE": str(cache_dir), "TERM": "dumb"}
+    return subprocess.run(
+        [sys.executable, "-m", "tba", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("runs")
+    proc = tba(
+        "train",
+        *SMALL_DEMO,
+        "--trainer.steps=80",
+        f"--run.output_dir={out}",
+        "--run.name=demo",
+        cache_dir=cache_dir,
+        cwd=out,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "demo", proc
+
+
+def test_cli_trains_and_reward_goes_up(demo_run):
+    run_dir, proc = demo_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("eval/accuracy_initial", "eval/accuracy_final", "wall_clock_s", "trainer_steps"):
+        assert key in summary
+    assert summary["trainer_steps"] == 80
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if r.get("train/loss") is not None]
+    assert len(train) == 80 and [r["step"] for r in train] == list(range(1, 81))
+    for key in ("step", "time_s", "train/loss", "train/reward_mean", "train/log_z", "train/kl", "buffer/size"):
+        assert all(key in r for r in train), key
+    evals = [r for r in records if r.get("eval/accuracy") is not None]
+    assert [r["step"] for r in evals] == [0, 20, 40, 60, 80]
+    first = sum(r["train/reward_mean"] for r in train[:20]) / 20
+    last = sum(r["train/reward_mean"] for r in train[-20:]) / 20
+    assert last > first + 0.05, (first, last)
+    assert summary["eval/accuracy_final"] >= summary["eval/accuracy_initial"]
+    # the run directory a user reads
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "training.png").is_file()
+    assert (run_dir / "checkpoints" / "step_80" / "model.safetensors").is_file()
+    assert "eval accuracy" in proc.stderr and "before" in proc.stderr  # the closing table
+
+
+def test_demo_model_is_cached(cache_dir):
+    built = [p for p in cache_dir.iterdir() if p.name.startswith("tiny-arithmetic-")]
+    assert len(built) == 1 and (built[0] / "warm_start.json").is_file()
+    info = json.loads((built[0] / "warm_start.json").read_text())
+    assert info["parameters"] < 5_000_000 and info["validation_accuracy"] >= 0.4
+
+
+def test_checkpoint_loads_with_from_pretrained(demo_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = demo_run[0] / "checkpoints" / "step_80"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert model.config.model_type == "llama" and tok("1+1=")["input_ids"][0] == tok.bos_token_id
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path, cache_dir):
+    args = [
+        *SMALL_DEMO,
+        "--eval.every=10",
+        "--trainer.checkpoint_every=10",
+        f"--run.output_dir={tmp_path}",
+        "--run.name=r",
+    ]
+    first = tba("train", *args, "--trainer.steps=10", cache_dir=cache_dir, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = tba("train", *args, "--trainer.steps=10", cache_dir=cache_dir, cwd=tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    resumed = tba("train", *args, "--trainer.steps=20", "--run.resume=true", cache_dir=cache_dir, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "step 10" in resumed.stderr
+    records = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    steps = [r["step"] for r in records if r.get("train/loss") is not None]
+    assert steps == list(range(1, 21))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["trainer_steps"] == 20
+    assert (tmp_path / "r" / "checkpoints" / "step_20").is_dir()
+
+
+def test_bad_override_fails_fast_with_the_key(tmp_path, cache_dir):
+    proc = tba("train", "--trainer.lrr=1", cache_dir=cache_dir, cwd=tmp_path)
+    assert proc.returncode == 2 and "trainer.lrr" in proc.stderr and "unknown key" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # rejected before anything was created

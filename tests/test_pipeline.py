@@ -1,0 +1,253 @@
+"""Task, searcher and trainer working together: searcher → buffer → trainer → published weights."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tba.buffer import ReplayBuffer
+from tba.config import ObjectiveConfig, TrainerConfig
+from tba.generation.base import SamplingParams
+from tba.generation.hf import HFGenerator
+from tba.models.logprobs import sequence_logprobs
+from tba.searcher import Searcher
+from tba.tasks import build_task
+from tba.tasks.arithmetic import ArithmeticTask
+from tba.trainer import Trainer
+from tba.types import RolloutGroup
+from tba.weights import LocalWeightStore
+
+# ---------------------------------------------------------------- task
+
+
+def test_arithmetic_answers_and_reward():
+    task = ArithmeticTask(digits=2, operators="+-*", eval_size=50, seed=3)
+    for p in task.sample_prompts(200, random.Random(0)):
+        expr = p.text[:-1]
+        assert p.text.endswith("=") and p.id == p.text
+        assert int(p.answer) == eval(expr)  # noqa: S307  (digits and + - * only)
+    p = task.sample_prompts(1, random.Random(1))[0]
+    assert task.reward(p, p.answer) == 1.0
+    assert task.reward(p, f" {p.answer}\n") == 1.0
+    assert task.reward(p, p.answer + "0") == 0.0
+    assert task.reward(p, "") == 0.0
+
+
+def test_arithmetic_eval_split_is_held_out_and_stable():
+    task = ArithmeticTask(digits=1, operators="+", eval_size=30, seed=7)
+    held_out = {p.text for p in task.eval_prompts()}
+    assert len(held_out) == 30
+    assert held_out == {p.text for p in ArithmeticTask(digits=1, operators="+", eval_size=30, seed=7).eval_prompts()}
+    train = {p.text for p in task.sample_prompts(2000, random.Random(0))}
+    assert not train & held_out
+    assert len(train) == 100 - 30  # every other one-digit sum is reachable
+    assert held_out != {p.text for p in ArithmeticTask(digits=1, operators="+", eval_size=30, seed=8).eval_prompts()}
+
+
+def test_arithmetic_rejects_bad_settings():
+    with pytest.raises(ValueError, match="operators"):
+        ArithmeticTask(operators="/")
+    with pytest.raises(ValueError, match="eval_size"):
+        ArithmeticTask(digits=1, operators="+", eval_size=80)
+
+
+def test_build_task_from_config():
+    from tba.config import ArithmeticTaskConfig
+
+    task = build_task(ArithmeticTaskConfig(digits=1, operators="-", eval_size=10))
+    assert all("-" in p.text for p in task.eval_prompts())
+
+
+# ---------------------------------------------------------------- searcher and trainer
+
+
+class FlakyArithmetic(ArithmeticTask):
+    """Raises on completions that start with an odd digit, returns NaN on those starting with 8."""
+
+    def reward(self, prompt, completion):
+        if completion[:1] in "13579" and completion:
+            raise RuntimeError("grader crashed")
+        if completion.startswith("8"):
+            return float("nan")
+        return super().reward(prompt, completion)
+
+
+def make_searcher(tiny_model, tokenizer, task, weights, n=4, prompts=6):
+    eos = {tokenizer.eos_token_id}
+    sampler = type(tiny_model)(tiny_model.config).eval()
+    return Searcher(
+        task,
+        tokenizer,
+        HFGenerator(sampler, tokenizer.pad_token_id, eos),
+        tiny_model,  # the reference
+        weights,
+        SamplingParams(n=n, temperature=1.0, max_new_tokens=6),
+        prompts,
+        eos,
+        seed=0,
+    )
+
+
+def test_searcher_produces_tagged_scored_groups(tiny_model, tokenizer):
+    torch.manual_seed(0)
+    task = ArithmeticTask(digits=1, operators="+-", eval_size=10)
+    weights = LocalWeightStore()
+    searcher = make_searcher(tiny_model, tokenizer, task, weights)
+    with pytest.raises(RuntimeError, match="publish"):
+        searcher.step()
+    weights.publish(tiny_model.state_dict(), 0)
+    groups = searcher.step()
+    assert groups and all(isinstance(g, RolloutGroup) for g in groups)
+    eos = tokenizer.eos_token_id
+    for g in groups:
+        assert g.policy_version == 0 and 2 <= g.size <= 4
+        for tokens, reward in zip(g.completions, g.rewards, strict=True):
+            text = tokenizer.decode([t for t in tokens if t != eos], skip_special_tokens=True)
+            a_op_b = g.prompt_id[:-1]
+            assert reward == (1.0 if text.strip() == str(eval(a_op_b)) else 0.0)  # noqa: S307
+        expected = sequence_logprobs(tiny_model, [g.prompt_ids] * g.size, g.completions, tokenizer.pad_token_id, eos)
+        torch.testing.assert_close(torch.tensor(g.ref_logps), expected.detach(), atol=1e-5, rtol=0)
+    # new weights are picked up between batches, and the data says so
+    weights.publish(tiny_model.state_dict(), 3)
+    assert all(g.policy_version == 3 for g in searcher.step())
+    assert searcher.metrics()["searcher/version"] == 3
+
+
+def test_searcher_counts_and_skips_bad_rewards(tiny_model, tokenizer):
+    torch.manual_seed(1)
+    task = FlakyArithmetic(digits=1, operators="+", eval_size=10)
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    searcher = make_searcher(tiny_model, tokenizer, task, weights, n=8, prompts=8)
+    groups = [g for _ in range(3) for g in searcher.step()]  # no exception escapes
+    m = searcher.metrics()
+    assert m["searcher/reward_errors"] > 0 and m["searcher/reward_non_finite"] > 0
+    eos = tokenizer.eos_token_id
+    for g in groups:
+        for tokens in g.completions:
+            text = tokenizer.decode([t for t in tokens if t != eos], skip_special_tokens=True)
+            assert not (text[:1] in "13579" and text) and not text.startswith("8")
+    kept = sum(g.size for g in groups)
+    dropped = m["searcher/reward_errors"] + m["searcher/reward_non_finite"] + m["searcher/empty_completions"]
+    lost_in_small_groups = m["searcher/completions"] - kept - dropped
+    assert 0 <= lost_in_small_groups <= m["searcher/dropped_groups"]  # a dropped group held at most one
+
+
+def make_trainer(model, tokenizer, buffer, weights, beta=0.5, **overrides):
+    cfg = TrainerConfig(**{"batch_prompts": 4, "lr": 1e-3, "warmup_steps": 0, "sync_interval": 2, **overrides})
+    return Trainer(
+        model, buffer, weights, cfg, ObjectiveConfig(beta=beta), 4, tokenizer.pad_token_id, {tokenizer.eos_token_id}
+    )
+
+
+def synthetic_groups(tokenizer, n_prompts=6, k=4, version=0, seed=0):
+    rng = random.Random(seed)
+    eos = tokenizer.eos_token_id
+    groups = []
+    for i in range(n_prompts):
+        prompt = tokenizer(f"{i}+{i}=")["input_ids"]
+        comps = [tokenizer(str(rng.randint(0, 99)), add_special_tokens=False)["input_ids"] + [eos] for _ in range(k)]
+        comps = [c + [j] for j, c in enumerate(comps)] if len({tuple(c) for c in comps}) < k else comps
+        groups.append(
+            RolloutGroup(
+                prompt_id=f"p{i}",
+                prompt_ids=prompt,
+                completions=comps,
+                rewards=[float(rng.random() < 0.5) for _ in range(k)],
+                ref_logps=[-5.0 - j for j in range(k)],
+                policy_version=version,
+            )
+        )
+    return groups
+
+
+def test_trainer_steps_publish_and_track_versions(tiny_model, tokenizer):
+    buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
+    weights = LocalWeightStore()
+    trainer = make_trainer(tiny_model, tokenizer, buffer, weights)
+    trainer.publish()
+    assert weights.latest_version() == 0
+    assert trainer.ingest(synthetic_groups(tokenizer)) == 24
+    before = [p.detach().clone() for p in tiny_model.parameters()]
+    m = trainer.step()
+    assert trainer.version == 1 and weights.latest_version() == 0  # sync_interval=2: not yet
+    for key in ("train/loss", "train/reward_mean", "train/log_z", "train/kl", "buffer/size", "train/grad_norm"):
+        assert key in m and m[key] == m[key]
+    assert m["buffer/size"] == 24 and m["train/lag_mean"] == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, tiny_model.parameters(), strict=True))
+    m = trainer.step()
+    assert weights.latest_version() == 2 and "train/publish_s" in m
+    assert m["train/lag_mean"] == 1 and m["train/lag_max"] == 1  # data from version 0 trained at step 2
+    # the published copy does not move with later optimizer steps
+    published = weights.fetch(newer_than=-1)[1]
+    snapshot = {k: v.clone() for k, v in published.items()}
+    trainer.step()
+    assert all(torch.equal(snapshot[k], published[k]) for k in snapshot)
+
+
+def test_micro_batches_give_the_full_batch_gradient(tokenizer):
+    from tests.conftest import SMALL
+
+    from tba.models.tiny import build_tiny_llama
+
+    grads = []
+    for micro in (None, 1, 2):
+        model = build_tiny_llama(tokenizer, SMALL).double()
+        buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
+        trainer = make_trainer(model, tokenizer, buffer, LocalWeightStore(), micro_batch_prompts=micro)
+        trainer.ingest(synthetic_groups(tokenizer))
+        batch = buffer.sample(4, 4)
+        metrics = trainer._accumulate_gradients(batch, beta=0.5)
+        grads.append((torch.cat([p.grad.flatten() for p in model.parameters()]), metrics["train/loss"]))
+    for g, loss in grads[1:]:
+        torch.testing.assert_close(g, grads[0][0])
+        assert loss == pytest.approx(grads[0][1])
+
+
+def test_non_finite_step_is_skipped(tiny_model, tokenizer):
+    buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
+    trainer = make_trainer(tiny_model, tokenizer, buffer, LocalWeightStore())
+    groups = synthetic_groups(tokenizer)
+    for g in groups:
+        g.ref_logps = [float("inf")] * g.size
+    trainer.ingest(groups)
+    before = [p.detach().clone() for p in tiny_model.parameters()]
+    m = trainer.step()
+    assert m["train/skipped_steps"] == 1 and trainer.version == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, tiny_model.parameters(), strict=True))
+
+
+def test_searcher_buffer_trainer_round_trip_raises_reward(tokenizer):
+    """On a two-prompt problem the loop must learn: reward of sampled completions goes up."""
+    from tests.conftest import SMALL
+
+    from tba.models.tiny import build_tiny_llama
+
+    class TwoPrompts(ArithmeticTask):
+        def sample_prompts(self, n, rng):
+            return [self._prompt(2, "+", 2), self._prompt(3, "+", 1)] * (n // 2)
+
+        def reward(self, prompt, completion):
+            return 1.0 if completion[:1] in "01234" and completion else 0.0
+
+    torch.manual_seed(0)
+    task = TwoPrompts(digits=1, operators="+", eval_size=5)
+    policy = build_tiny_llama(tokenizer, SMALL).train()
+    reference = build_tiny_llama(tokenizer, SMALL).eval().requires_grad_(False)
+    weights = LocalWeightStore()
+    buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
+    trainer = make_trainer(policy, tokenizer, buffer, weights, sync_interval=1, lr=3e-3, batch_prompts=2, beta=0.2)
+    trainer.publish()
+    searcher = make_searcher(reference, tokenizer, task, weights, n=4, prompts=2)
+    searcher.params = SamplingParams(n=4, temperature=1.0, max_new_tokens=2)
+    rewards = []
+    for _ in range(40):
+        groups = searcher.step()
+        rewards.append(sum(r for g in groups for r in g.rewards) / max(1, sum(g.size for g in groups)))
+        trainer.ingest(groups)
+        if buffer.can_sample(2):
+            trainer.step()
+    assert searcher.version == trainer.version - 1 or searcher.version == trainer.version
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.3
