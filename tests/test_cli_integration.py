@@ -14,12 +14,13 @@ from tba.metrics import read_metrics
 
 SMALL_DEMO = [
     "--task.digits=1",
-    "--task.eval_size=40",
+    "--task.operators=+",
+    "--task.eval_size=20",
     "--generation.prompts_per_batch=8",
     "--trainer.batch_prompts=8",
     "--trainer.lr=3e-4",
     "--generation.max_new_tokens=4",
-    "--eval.every=20",
+    "--eval.every=30",
     "--run.seed=0",
 ]
 
@@ -42,7 +43,7 @@ def demo_run(tmp_path_factory, cache_dir):
     proc = tba(
         "train",
         *SMALL_DEMO,
-        "--trainer.steps=80",
+        "--trainer.steps=120",
         f"--run.output_dir={out}",
         "--run.name=demo",
         cache_dir=cache_dir,
@@ -57,21 +58,22 @@ def test_cli_trains_and_reward_goes_up(demo_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("eval/accuracy_initial", "eval/accuracy_final", "wall_clock_s", "trainer_steps"):
         assert key in summary
-    assert summary["trainer_steps"] == 80
+    assert summary["trainer_steps"] == 120
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("train/loss") is not None]
-    assert len(train) == 80 and [r["step"] for r in train] == list(range(1, 81))
+    assert [r["step"] for r in train] == list(range(1, 121))
     for key in ("step", "time_s", "train/loss", "train/reward_mean", "train/log_z", "train/kl", "buffer/size"):
         assert all(key in r for r in train), key
     evals = [r for r in records if r.get("eval/accuracy") is not None]
-    assert [r["step"] for r in evals] == [0, 20, 40, 60, 80]
-    first = sum(r["train/reward_mean"] for r in train[:20]) / 20
-    last = sum(r["train/reward_mean"] for r in train[-20:]) / 20
-    assert last > first + 0.05, (first, last)
-    assert summary["eval/accuracy_final"] >= summary["eval/accuracy_initial"]
+    assert [r["step"] for r in evals] == [0, 30, 60, 90, 120]
+    # the reward of freshly sampled completions (measured over 3 seeds: about 0.4 → 0.6)
+    first = sum(r["searcher/reward_mean"] for r in train[:20]) / 20
+    last = sum(r["searcher/reward_mean"] for r in train[-20:]) / 20
+    assert last > first + 0.1, (first, last)
+    assert summary["searcher/reward_mean_last10"] > summary["searcher/reward_mean_first10"]
     # the run directory a user reads
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "training.png").is_file()
-    assert (run_dir / "checkpoints" / "step_80" / "model.safetensors").is_file()
+    assert (run_dir / "checkpoints" / "step_120" / "model.safetensors").is_file()
     assert "eval accuracy" in proc.stderr and "before" in proc.stderr  # the closing table
 
 
@@ -85,7 +87,7 @@ def test_demo_model_is_cached(cache_dir):
 def test_checkpoint_loads_with_from_pretrained(demo_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ckpt = demo_run[0] / "checkpoints" / "step_80"
+    ckpt = demo_run[0] / "checkpoints" / "step_120"
     model = AutoModelForCausalLM.from_pretrained(ckpt)
     tok = AutoTokenizer.from_pretrained(ckpt)
     assert model.config.model_type == "llama" and tok("1+1=")["input_ids"][0] == tok.bos_token_id

@@ -93,7 +93,7 @@ class GenerationConfig(_Section):
     """K: completions sampled per prompt (one group)."""
     prompts_per_batch: int = Field(16, ge=1)
     """Prompts a searcher takes per generation batch."""
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(0.7, gt=0)
     """Sampling temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling threshold (1.0 disables it)."""
@@ -136,7 +136,7 @@ class BufferConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    steps: int = Field(200, ge=1)
+    steps: int = Field(800, ge=1)
     """Optimizer steps."""
     batch_prompts: int = Field(16, ge=1)
     """Prompts (groups) per batch; each contributes generation.group_size completions."""
@@ -148,7 +148,7 @@ class TrainerConfig(_Section):
     """AdamW weight decay."""
     warmup_steps: int = Field(10, ge=0)
     """Linear learning-rate warmup over this many steps (from lr/(warmup_steps+1) up to lr)."""
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
     """After warmup: constant, or cosine / linear decay to ``min_lr_ratio`` at the last step."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Floor of the decayed learning rate, as a fraction of ``lr``."""
@@ -161,7 +161,7 @@ class TrainerConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(50, ge=1)
+    every: int = Field(100, ge=1)
     """Evaluate every N steps (also before the first and after the last)."""
     max_new_tokens: int | None = None
     """Generation limit at evaluation; default: generation.max_new_tokens."""

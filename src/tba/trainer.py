@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import torch
 
@@ -82,7 +83,9 @@ class Trainer:
         else:  # one bad batch must not poison the weights of a long run
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
+        with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
         self.version += 1
 
         lags = [self.version - 1 - r.policy_version for r in batch.rollouts]

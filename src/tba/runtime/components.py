@@ -54,6 +54,9 @@ class Components:
 
 
 def build_components(cfg: Config, log=print) -> Components:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file loading bars would bury the run's own progress
     device = resolve_device(cfg.run.device)
     task = build_task(cfg.task)
     policy_path = resolve_model_path(cfg.model.policy, cfg, log)

@@ -80,11 +80,14 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
     history = read_metrics(run_dir / "metrics.jsonl")
     evals = [r for r in history if r.get("eval/accuracy") is not None]
     rewards = [r["train/reward_mean"] for r in history if r.get("train/reward_mean") is not None]
+    sampled = [r["searcher/reward_mean"] for r in history if r.get("searcher/reward_mean") is not None]
     summary = {
         "eval/accuracy_initial": evals[0]["eval/accuracy"],
         "eval/accuracy_final": evals[-1]["eval/accuracy"],
         "train/reward_mean_first": rewards[0] if rewards else first_reward,
         "train/reward_mean_last10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
+        "searcher/reward_mean_first10": _mean(sampled[:10]),
+        "searcher/reward_mean_last10": _mean(sampled[-10:]),
         "wall_clock_s": round(time.time() - start, 1),
         "trainer_steps": trainer.version,
         "runtime": cfg.runtime.type,
@@ -92,6 +95,10 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _evaluate(c: Components, cfg: Config) -> dict:
@@ -144,9 +151,17 @@ def _drop_metrics_after(path: Path, step: int) -> None:
                 f.write(json.dumps(r) + "\n")
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _print_summary(console: Console, s: dict, cfg: Config) -> None:
     rows = [
         ("eval accuracy (greedy)", f"{s['eval/accuracy_initial']:.1%}", f"{s['eval/accuracy_final']:.1%}"),
-        ("train reward (mean)", f"{s['train/reward_mean_first']:.3f}", f"{s['train/reward_mean_last10']:.3f}"),
+        (
+            "sampled reward (mean of 10 batches)",
+            _fmt(s["searcher/reward_mean_first10"]),
+            _fmt(s["searcher/reward_mean_last10"]),
+        ),
     ]
     console.print(summary_table(rows, f"{cfg.task.name}: {s['trainer_steps']} steps in {s['wall_clock_s']:.0f} s"))
