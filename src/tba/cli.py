@@ -51,13 +51,22 @@ def main(argv: list[str] | None = None) -> int:
 
         print(dump_config(cfg), end="")
         return 0
-    from tba.runtime.sync import run_sync  # imports torch: only once the config is valid
+    from tba.runtime.errors import SearcherFailed
+
+    if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid
+        from tba.runtime.distributed import run_ray as run
+    else:
+        from tba.runtime.sync import run_sync as run
 
     try:
-        run_sync(cfg)
+        run(cfg)
     except (FileExistsError, FileNotFoundError) as err:
         print(f"tba: {err}", file=sys.stderr)
         return 2
+    except SearcherFailed as err:
+        print(f"tba: {err}", file=sys.stderr)
+        print("tba: what was written to the run directory is kept", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("tba: interrupted; what was written to the run directory is kept", file=sys.stderr)
         return 130

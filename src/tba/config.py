@@ -170,8 +170,21 @@ class EvalConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    type: Literal["sync"] = "sync"
-    """``sync``: generate a fresh batch with the current policy, train on it, repeat."""
+    type: Literal["sync", "ray"] = "ray"
+    """``ray``: searcher processes generate continuously while the trainer trains (asynchronous);
+    ``sync``: one process alternates generate-then-train (the on-policy baseline)."""
+    num_searchers: int = Field(1, ge=1)
+    """Searcher actors (``ray`` runtime)."""
+    searcher_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved per searcher; its torch thread count follows (at least one thread)."""
+    searcher_gpus: float = Field(0.0, ge=0)
+    """GPUs per searcher (fractions share one)."""
+    searcher_resources: dict[str, float] = {}
+    """Custom Ray resources per searcher, to place searchers on chosen nodes (``{"searcher": 1}``)."""
+    trainer_cpus: int | None = Field(None, ge=1)
+    """torch threads of the trainer process; default: the local CPUs the searchers leave free."""
+    address: str | None = None
+    """Ray cluster to join (``auto`` or ``host:port``); default: start a local Ray instance."""
 
 
 class LoggingConfig(_Section):

@@ -50,6 +50,7 @@ class Trainer:
         self.eos_ids = eos_ids
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
+        self._arrival_lag_max = 0
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
         )
@@ -60,6 +61,8 @@ class Trainer:
 
     def ingest(self, groups: list[RolloutGroup]) -> int:
         """Put arrived groups in the buffer; returns the number of new rollouts."""
+        for g in groups:  # how stale data is when it arrives: k - 1 plus the searcher's batch time
+            self._arrival_lag_max = max(self._arrival_lag_max, self.version - g.policy_version)
         return sum(self.buffer.add(g, step=self.version) for g in groups)
 
     def publish(self) -> float:
@@ -97,11 +100,13 @@ class Trainer:
                 "train/lag_mean": sum(lags) / len(lags),
                 "train/lag_max": float(max(lags)),
                 "train/skipped_steps": float(self.skipped_steps),
+                "buffer/arrival_lag_max": float(self._arrival_lag_max),
                 "train/step_s": time.perf_counter() - start,
                 **batch.stats,
                 **self.buffer.stats(),
             }
         )
+        self._arrival_lag_max = 0
         if self.version % self.cfg.sync_interval == 0:
             metrics["train/publish_s"] = self.publish()
         return metrics

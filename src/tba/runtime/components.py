@@ -22,7 +22,7 @@ from tba.models.tiny import BUILTIN_PREFIX, ensure_tiny_model
 from tba.searcher import Searcher
 from tba.tasks import Task, build_task
 from tba.trainer import Trainer
-from tba.weights import LocalWeightStore
+from tba.weights import LocalWeightStore, WeightStore
 
 
 def seed_everything(seed: int) -> None:
@@ -47,32 +47,28 @@ class Components:
     policy: torch.nn.Module
     buffer: ReplayBuffer
     trainer: Trainer
-    searcher: Searcher
+    searcher: Searcher | None
     eval_generator: HFGenerator
     eos_ids: set[int]
     policy_path: str
 
 
-def build_components(cfg: Config, log=print) -> Components:
+def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-file loading bars would bury the run's own progress
-    device = resolve_device(cfg.run.device)
-    task = build_task(cfg.task)
+
+
+def model_paths(cfg: Config, log=print) -> tuple[str, str]:
+    """(policy, reference) as loadable ids or paths; builds the demo model on first use."""
     policy_path = resolve_model_path(cfg.model.policy, cfg, log)
     ref_path = resolve_model_path(cfg.model.reference, cfg, log) if cfg.model.reference else policy_path
-    tokenizer = load_tokenizer(cfg.model.tokenizer or policy_path, cfg.model.trust_remote_code)
-    policy = load_causal_lm(policy_path, device, cfg.model.dtype, cfg.model.trust_remote_code)
-    reference = load_causal_lm(ref_path, device, cfg.model.dtype, cfg.model.trust_remote_code, trainable=False)
-    eos = eos_ids(tokenizer, policy)
-    pad = tokenizer.pad_token_id
+    return policy_path, ref_path
 
-    # The searcher samples from its own copy of the policy, refreshed only when the trainer
-    # publishes, so its data is tagged with the version that really produced it.
-    sampler = copy.deepcopy(policy).eval().requires_grad_(False)
-    weights = LocalWeightStore()
+
+def make_buffer(cfg: Config) -> ReplayBuffer:
     b = cfg.buffer
-    buffer = ReplayBuffer(
+    return ReplayBuffer(
         capacity=b.capacity,
         per_prompt_capacity=b.per_prompt_capacity,
         recent_prob=b.recent_prob,
@@ -80,21 +76,66 @@ def build_components(cfg: Config, log=print) -> Components:
         min_completions=b.min_completions,
         seed=cfg.run.seed,
     )
-    trainer = Trainer(policy, buffer, weights, cfg.trainer, cfg.objective, cfg.generation.group_size, pad, eos)
+
+
+def make_searcher(
+    cfg: Config, task: Task, tokenizer, sampler: torch.nn.Module, reference, weights: WeightStore, searcher_id: int = 0
+) -> Searcher:
     g = cfg.generation
-    searcher = Searcher(
+    eos = eos_ids(tokenizer, sampler)
+    return Searcher(
         task,
         tokenizer,
-        HFGenerator(sampler, pad, eos),
+        HFGenerator(sampler, tokenizer.pad_token_id, eos),
         reference,
         weights,
         SamplingParams(n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens),
         g.prompts_per_batch,
         eos,
+        searcher_id=searcher_id,
         seed=cfg.run.seed,
         chat_template=cfg.model.chat_template,
         unfinished_reward=g.unfinished_reward,
     )
+
+
+def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=print) -> Searcher:
+    """A searcher with its own sampling copy of the policy and its own reference model (for a
+    searcher process: it loads the weights that the trainer publishes)."""
+    quiet_transformers()
+    device = resolve_device(cfg.run.device)
+    policy_path, ref_path = model_paths(cfg, log)
+    m = cfg.model
+    tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
+    sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
+    reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
+    return make_searcher(cfg, build_task(cfg.task), tokenizer, sampler, reference, weights, searcher_id)
+
+
+def build_components(
+    cfg: Config, log=print, weights: WeightStore | None = None, with_searcher: bool = True
+) -> Components:
+    """Everything one process needs: the trainer side, and (for the sync runtime) a searcher that
+    shares the process but samples from its own copy of the policy."""
+    quiet_transformers()
+    device = resolve_device(cfg.run.device)
+    task = build_task(cfg.task)
+    policy_path, ref_path = model_paths(cfg, log)
+    m = cfg.model
+    tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
+    policy = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code)
+    eos = eos_ids(tokenizer, policy)
+    pad = tokenizer.pad_token_id
+    weights = weights or LocalWeightStore()
+    buffer = make_buffer(cfg)
+    trainer = Trainer(policy, buffer, weights, cfg.trainer, cfg.objective, cfg.generation.group_size, pad, eos)
+    searcher = None
+    if with_searcher:
+        # The searcher samples from its own copy of the policy, refreshed only when the trainer
+        # publishes, so its data is tagged with the version that really produced it.
+        reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
+        sampler = copy.deepcopy(policy).eval().requires_grad_(False)
+        searcher = make_searcher(cfg, task, tokenizer, sampler, reference, weights)
     return Components(
         task, tokenizer, policy, buffer, trainer, searcher, HFGenerator(policy, pad, eos), eos, policy_path
     )

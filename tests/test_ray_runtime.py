@@ -1,0 +1,205 @@
+"""The asynchronous Ray runtime: versions and lags, a searcher on another node, failure handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+import torch
+
+from tba.config import load_config
+from tba.metrics import read_metrics
+from tba.models.tiny import ensure_tiny_model
+from tba.runtime.distributed import run_ray
+
+SMALL = [
+    "--runtime.type=ray",
+    "--task.digits=1",
+    "--task.operators=+",
+    "--task.eval_size=20",
+    "--generation.prompts_per_batch=8",
+    "--trainer.batch_prompts=8",
+    "--trainer.lr=3e-4",
+    "--generation.max_new_tokens=4",
+    "--logging.progress=false",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """Build the demo model once, so searcher processes find it cached."""
+    path = tmp_path_factory.mktemp("tba-cache")
+    cfg = load_config(None, SMALL)
+    ensure_tiny_model(cfg.task, str(path), log=lambda m: None)
+    return path
+
+
+def stored_rollouts(run_dir, step):
+    state = torch.load(run_dir / "checkpoints" / f"step_{step}" / "trainer_state.pt", weights_only=False)
+    # Rollout rows: prompt_id, completion, reward, ref_logp, policy_version, arrival_step, ...
+    return [row for _, rows in state["buffer"]["prompts"].values() for row in rows]
+
+
+def test_async_run_tags_versions_and_bounds_lag(tmp_path, cache_dir):
+    k, steps = 4, 40
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            f"--trainer.steps={steps}",
+            f"--trainer.sync_interval={k}",
+            "--eval.every=40",
+            f"--model.cache_dir={cache_dir}",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=a",
+        ],
+    )
+    run_dir, summary = run_ray(cfg)
+    assert not ray.is_initialized()  # the local instance it started is gone
+    assert summary["trainer_steps"] == steps and summary["runtime"] == "ray"
+    assert 0 < summary["trainer_busy_fraction"] <= 1 and summary["lag_mean"] is not None
+
+    rows = stored_rollouts(run_dir, steps)
+    assert rows
+    arrivals = sorted({row[5] for row in rows})
+    gap = max((b - a for a, b in zip(arrivals, arrivals[1:], strict=False)), default=0)
+    for row in rows:
+        version, arrival = row[4], row[5]
+        assert version % k == 0, "searchers only ever hold published versions"
+        assert version <= arrival <= steps
+        # a batch starts from the newest publication (at most k-1 steps old) and arrives within
+        # one searcher batch time, measured here as the widest gap between arrivals
+        assert arrival - version <= (k - 1) + gap + 1, (arrival, version, gap)
+    assert max(row[4] for row in rows) > 0  # searchers did pick up new weights
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if r.get("train/loss") is not None]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))
+    for key in (
+        "train/lag_mean",
+        "train/lag_max",
+        "trainer/busy_fraction",
+        "trainer/samples_per_s",
+        "searcher/completions_per_s",
+        "searcher/tokens_per_s",
+        "buffer/size",
+        "buffer/arrival_lag_max",
+    ):
+        assert all(r.get(key) is not None for r in train[5:]), key
+    assert any("train/publish_s" in r for r in train)
+    assert all(r["train/lag_max"] >= r["train/lag_mean"] >= 0 for r in train)
+
+
+def test_searcher_on_another_node_contributes(tmp_path, cache_dir):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        worker = cluster.add_node(num_cpus=1, resources={"searcher_node": 1})
+        cluster.wait_for_nodes()
+        cfg = load_config(
+            None,
+            [
+                *SMALL,
+                "--trainer.steps=10",
+                "--eval.every=10",
+                f"--runtime.address={cluster.address}",
+                "--runtime.searcher_resources={searcher_node: 1}",
+                "--runtime.trainer_cpus=1",
+                f"--model.cache_dir={cache_dir}",
+                f"--run.output_dir={tmp_path}",
+                "--run.name=c",
+            ],
+        )
+        run_dir, summary = run_ray(cfg)
+        assert summary["searcher_nodes"] == [worker.node_id]
+        assert stored_rollouts(run_dir, 10), "the remote searcher's groups reached the buffer"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def ray_processes(wait_s: float = 15.0) -> list[str]:
+    """Live Ray processes on this machine (exited ones awaiting their parent's reaping don't count),
+    after giving a just-finished shutdown a few seconds."""
+    deadline = time.time() + wait_s
+    while True:
+        out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout.splitlines()
+        live = [
+            line
+            for line in out
+            if not line.lstrip().startswith("Z") and any(n in line for n in ("raylet", "gcs_server", "ray::"))
+        ]
+        if not live or time.time() > deadline:
+            return live
+        time.sleep(0.5)
+
+
+def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, cache_dir):
+    assert not ray_processes()
+    env = {**os.environ, "TERM": "dumb"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tba",
+            "train",
+            *SMALL,
+            "--trainer.steps=20",
+            f"--model.cache_dir={cache_dir}",
+            "--model.reference=/nonexistent/reference-model",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=f",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "a searcher failed" in proc.stderr
+    # the searcher's own traceback: its frames and the error it raised
+    assert "SearcherWorker.__init__" in proc.stderr and 'distributed.py", line' in proc.stderr
+    assert "/nonexistent/reference-model" in proc.stderr
+    records = read_metrics(tmp_path / "f" / "metrics.jsonl")  # the initial evaluation is kept
+    assert records and records[0]["step"] == 0 and "eval/accuracy" in records[0]
+    assert (tmp_path / "f" / "config.yaml").is_file()
+    assert not ray_processes(), ray_processes()
+
+
+def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, cache_dir):
+    env = {**os.environ, "TERM": "dumb"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tba",
+            "train",
+            *SMALL,
+            "--trainer.steps=100000",
+            "--eval.every=100000",
+            f"--model.cache_dir={cache_dir}",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=i",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    metrics = tmp_path / "i" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
+        time.sleep(0.5)
+    assert len(read_metrics(metrics)) >= 5, "training did not start"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)  # promptly
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "interrupted" in stderr
+    assert len(read_metrics(metrics)) >= 5
+    assert not ray_processes(), ray_processes()
