@@ -251,3 +251,80 @@ def test_searcher_buffer_trainer_round_trip_raises_reward(tokenizer):
             trainer.step()
     assert searcher.version == trainer.version - 1 or searcher.version == trainer.version
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.3
+
+
+@pytest.mark.parametrize("objective", ["tb", "grpo", "dr_grpo", "ppo", "rloo", "online_dpo"])
+def test_every_objective_trains_from_searcher_data(tokenizer, objective):
+    from tests.conftest import SMALL
+
+    from tba.models.tiny import build_tiny_llama
+
+    torch.manual_seed(0)
+    task = ArithmeticTask(digits=1, operators="+", eval_size=5)
+    policy = build_tiny_llama(tokenizer, SMALL).train()
+    reference = build_tiny_llama(tokenizer, SMALL).eval().requires_grad_(False)
+    weights = LocalWeightStore()
+    buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
+    cfg = TrainerConfig(batch_prompts=2, lr=1e-3, warmup_steps=0, sync_interval=1)
+    obj = ObjectiveConfig(type=objective, beta=0.1, rloo_proximal=objective == "rloo")
+    eos = {tokenizer.eos_token_id}
+    trainer = Trainer(policy, buffer, weights, cfg, obj, 4, tokenizer.pad_token_id, eos, max_new_tokens=4)
+    trainer.publish()
+    searcher = make_searcher(reference, tokenizer, task, weights, n=4, prompts=4)
+    searcher.params = SamplingParams(n=4, temperature=1.0, max_new_tokens=4, logprobs=obj.needs_sampler_logps)
+    for step in range(4):
+        groups = searcher.step()
+        if obj.needs_sampler_logps:
+            assert all(g.sampler_token_logps is not None for g in groups)
+            assert all(
+                len(t) == len(c) for g in groups for t, c in zip(g.sampler_token_logps, g.completions, strict=True)
+            )
+        trainer.ingest(groups)
+        m = trainer.step()
+        assert all(v == v and abs(v) != float("inf") for v in m.values()), m  # no NaN or inf
+        if step == 0 and "train/ratio_mean" in m:  # the first batch is exactly on-policy
+            assert m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["train/skipped_steps"] == 0
+
+
+def test_generator_token_logps_match_teacher_forcing(tiny_model, tokenizer):
+    from tba.models.logprobs import token_logprobs
+
+    torch.manual_seed(0)
+    eos = tokenizer.eos_token_id
+    prompts = [tokenizer("1+2=")["input_ids"], tokenizer("33+4=")["input_ids"]]
+    gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {eos})
+    outs = gen.generate(prompts, SamplingParams(n=3, max_new_tokens=5, logprobs=True))
+    for prompt, group in zip(prompts, outs, strict=True):
+        for c in group:
+            expected, _ = token_logprobs(tiny_model, [prompt], [c.token_ids], tokenizer.pad_token_id, eos)
+            torch.testing.assert_close(torch.tensor(c.token_logps), expected[0, : len(c.token_ids)], atol=1e-5, rtol=0)
+
+
+def test_reference_follows_the_policy_every_rho_steps(tokenizer):
+    """TBA′: with ref_reset_every=ρ the searcher's reference becomes the published policy each
+    time the published version crosses a multiple of ρ."""
+    from tests.conftest import SMALL
+
+    from tba.models.tiny import build_tiny_llama
+
+    task = ArithmeticTask(digits=1, operators="+", eval_size=5)
+    reference = build_tiny_llama(tokenizer, SMALL).eval()
+    original = {k: v.clone() for k, v in reference.state_dict().items()}
+    weights = LocalWeightStore()
+    searcher = make_searcher(reference, tokenizer, task, weights)
+    searcher.ref_reset_every = 4
+
+    def publish(version, value):
+        weights.publish({k: torch.full_like(v, value) for k, v in original.items()}, version)
+        searcher.pull_weights()
+
+    publish(0, 0.5)
+    publish(3, 0.25)
+    assert all(torch.equal(reference.state_dict()[k], original[k]) for k in original)
+    publish(4, 0.125)
+    assert all((v == 0.125).all() for v in reference.state_dict().values())
+    publish(6, 0.0625)
+    assert all((v == 0.125).all() for v in reference.state_dict().values())
+    publish(9, 0.03125)  # crossed 8
+    assert all((v == 0.03125).all() for v in reference.state_dict().values())

@@ -179,6 +179,9 @@ class ReplayBuffer:
             sampler_logp=None if group.sampler_logps is None else float(group.sampler_logps[i]),
             finished=True if group.finished is None else bool(group.finished[i]),
             searcher_id=group.searcher_id,
+            sampler_token_logps=None
+            if group.sampler_token_logps is None
+            else tuple(float(x) for x in group.sampler_token_logps[i]),
         )
 
     def _is_live(self, prompt_id: str, rollout: Rollout) -> bool:

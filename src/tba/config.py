@@ -104,20 +104,38 @@ class GenerationConfig(_Section):
 
 
 class ObjectiveConfig(_Section):
-    type: Literal["tb"] = "tb"
-    """Training objective: ``tb`` (trajectory balance, VarGrad log Z)."""
+    type: Literal["tb", "grpo", "dr_grpo", "ppo", "rloo", "online_dpo"] = "tb"
+    """Training objective: ``tb`` (trajectory balance, VarGrad log Z), or a baseline: ``grpo``,
+    ``dr_grpo``, ``ppo`` (clipped, group baseline, no value network), ``rloo``, ``online_dpo``."""
     beta: float = Field(0.05, gt=0)
-    """KL coefficient β (start value when annealed)."""
+    """KL coefficient β (start value when annealed); the DPO temperature for ``online_dpo``."""
     beta_final: float | None = Field(None, gt=0)
     """If set, β moves linearly from ``beta`` to this over ``beta_anneal_steps``, then stays."""
     beta_anneal_steps: int = Field(0, ge=0)
     """Steps of the linear β annealing."""
+    scale_beta_sq: bool = False
+    """``tb``: multiply the loss by β² so annealing β does not change the effective step size."""
+    ref_reset_every: int | None = Field(None, ge=1)
+    """``tb``: every ρ trainer steps the reference becomes the current policy (the paper's TBA′)."""
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    """Ratio clipping ε of ``grpo``, ``dr_grpo``, ``ppo`` and proximal ``rloo``."""
+    kl_coef: float = Field(0.0, ge=0)
+    """``grpo``: weight of the KL penalty to the reference (0: none, as in Dr. GRPO)."""
+    rloo_proximal: bool = False
+    """``rloo``: clip the sequence ratio against the sampler (Proximal RLOO, for off-policy data)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """``dr_grpo``: the constant that token sums are divided by; default generation.max_new_tokens."""
 
     @model_validator(mode="after")
     def _check_anneal(self) -> ObjectiveConfig:
         if self.beta_final is not None and self.beta_anneal_steps <= 0:
             raise ValueError("beta_final needs beta_anneal_steps > 0")
         return self
+
+    @property
+    def needs_sampler_logps(self) -> bool:
+        """Whether searchers must record the sampling policy's per-token log-probs."""
+        return self.type in ("grpo", "dr_grpo", "ppo") or (self.type == "rloo" and self.rloo_proximal)
 
 
 class BufferConfig(_Section):

@@ -12,6 +12,20 @@ valid sample, which is what lets the trainer learn from a replay buffer. Because
 mean over the same K samples, detaching it does not change the gradient:
 ∇loss = (2/(B·K)) Σ_j (log Ẑ + δ_j) ∇log π_θ(y_j|x). The loss is not rescaled by β², as in the
 paper's code: when β is annealed down the effective step on the reward term grows as 1/β.
+
+The baselines, in the same engine so that one config key switches between them:
+
+    grpo        group-normalised advantage (r − mean)/std, per-token clipped ratio against the
+                sampler's log-probs, mean over each sequence's tokens; optional KL to the reference
+    dr_grpo     advantage r − mean (no std), token sum divided by a constant (Liu et al. 2025)
+    ppo         clipped-ratio policy gradient, per token, advantage = KL-shaped reward minus the
+                group mean (no value network), sampler log-probs as the behaviour policy
+    rloo        REINFORCE with the leave-one-out baseline on the KL-shaped reward
+                r − β·(log π − log π_ref); ``proximal=True`` clips the sequence ratio (Proximal RLOO)
+    online_dpo  per group, highest- against lowest-reward completion, DPO loss against the reference
+
+Per-token tensors are ``[N, T]`` with a ``[N, T]`` mask (1 on completion tokens up to and
+including EOS); sequence tensors are ``[N]``; the K completions of a prompt are consecutive.
 """
 
 from __future__ import annotations
@@ -25,8 +39,12 @@ def tb_loss(
     reward: torch.Tensor,
     beta: float,
     group_size: int,
+    scale_beta_sq: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Trajectory balance loss with the per-prompt VarGrad estimate of log Z.
+
+    ``scale_beta_sq`` multiplies the loss by β², so the step on the reward term does not grow
+    as 1/β while β is annealed down (the paper's code does not; off by default).
 
     Args:
         logp: ``[B*K]`` sequence log-probs under the policy (with gradient).
@@ -57,6 +75,8 @@ def tb_loss(
     log_z = -delta.detach().mean(dim=1, keepdim=True)  # [B, 1]
     residual = log_z + delta  # [B, K]
     loss = residual.pow(2).mean()
+    if scale_beta_sq:
+        loss = loss * beta**2
 
     with torch.no_grad():
         kl = (logp - ref_logp).mean()
@@ -66,3 +86,185 @@ def tb_loss(
             "kl": kl.item(),
         }
     return loss, metrics
+
+
+def _check_groups(n: int, group_size: int) -> None:
+    if n == 0:
+        raise ValueError("empty batch")
+    if group_size < 2 or n % group_size:
+        raise ValueError(
+            f"group_size {group_size} does not divide the batch of {n} completions (or is below 2); "
+            f"pass the K completions of each prompt consecutively"
+        )
+
+
+def group_advantages(reward: torch.Tensor, group_size: int, normalize_std: bool, eps: float = 1e-6) -> torch.Tensor:
+    """``r − mean`` over each group, divided by the group's std (+eps) when ``normalize_std``."""
+    r = reward.view(-1, group_size)  # [B, K]
+    adv = r - r.mean(dim=1, keepdim=True)
+    if normalize_std:
+        adv = adv / (r.std(dim=1, keepdim=True) + eps)
+    return adv.reshape(-1)
+
+
+def _clipped_token_surrogate(
+    token_logp: torch.Tensor, old_token_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``min(ratio·A, clip(ratio)·A)`` (masked to 0) and the clipped indicator."""
+    log_ratio = (token_logp - old_token_logp) * mask  # [N, T]
+    ratio = torch.exp(log_ratio)
+    a = adv.unsqueeze(1)  # [N, 1]
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a
+    surrogate = torch.minimum(unclipped, clipped) * mask
+    was_clipped = ((clipped < unclipped) & (mask > 0)).float()
+    return surrogate, was_clipped
+
+
+def _ratio_metrics(token_logp, old_token_logp, mask, was_clipped) -> dict[str, float]:
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        ratio = torch.exp((token_logp - old_token_logp) * mask)
+        return {
+            "clip_fraction": (was_clipped.sum() / n).item(),
+            "ratio_mean": ((ratio * mask).sum() / n).item(),
+            "ratio_max": (ratio * mask).max().item() if mask.any() else 1.0,
+        }
+
+
+def _seq_kl_k3(seq_logp: torch.Tensor, ref_logp: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Per-sequence k3 estimate of KL(π‖π_ref) from the length-averaged log-ratio, ``[N]``.
+
+    Searchers send reference log-probs per sequence, not per token, so this is the k3 estimator
+    applied to the mean per-token log-ratio of each sequence (a departure from GRPO's per-token KL).
+    """
+    d = (ref_logp.to(seq_logp.dtype) - seq_logp) / lengths.clamp(min=1)
+    return torch.exp(d) - d - 1
+
+
+def grpo_loss(
+    token_logp: torch.Tensor,
+    old_token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    reward: torch.Tensor,
+    group_size: int,
+    clip_eps: float = 0.2,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO (Shao et al. 2024): group-normalised advantage, per-token clipped ratio, mean over
+    each sequence's tokens, then over sequences; plus ``kl_coef``·KL to the reference if set."""
+    _check_groups(token_logp.shape[0], group_size)
+    adv = group_advantages(reward.to(token_logp.dtype), group_size, normalize_std=True)
+    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps)
+    lengths = mask.sum(dim=1)
+    loss = -(surrogate.sum(dim=1) / lengths.clamp(min=1)).mean()
+    metrics = _ratio_metrics(token_logp, old_token_logp, mask, was_clipped)
+    if kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("grpo with kl_coef > 0 needs ref_logp")
+        kl = _seq_kl_k3((token_logp * mask).sum(dim=1), ref_logp, lengths).mean()
+        loss = loss + kl_coef * kl
+        metrics["kl_k3"] = kl.item()
+    metrics["advantage_abs_mean"] = adv.abs().mean().item()
+    return loss, metrics
+
+
+def dr_grpo_loss(
+    token_logp: torch.Tensor,
+    old_token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    reward: torch.Tensor,
+    group_size: int,
+    max_tokens: int,
+    clip_eps: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Dr. GRPO (Liu et al. 2025): advantage r − mean (no std division), per-token clipped
+    surrogate summed over tokens and divided by the constant ``max_tokens`` (no length bias)."""
+    _check_groups(token_logp.shape[0], group_size)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    adv = group_advantages(reward.to(token_logp.dtype), group_size, normalize_std=False)
+    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps)
+    loss = -(surrogate.sum(dim=1) / max_tokens).mean()
+    metrics = _ratio_metrics(token_logp, old_token_logp, mask, was_clipped)
+    metrics["advantage_abs_mean"] = adv.abs().mean().item()
+    return loss, metrics
+
+
+def shaped_reward(reward: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, beta: float) -> torch.Tensor:
+    """The KL-shaped reward r − β·(log π − log π_ref), with no gradient through log π."""
+    return reward.to(logp.dtype) - beta * (logp.detach() - ref_logp.to(logp.dtype))
+
+
+def ppo_loss(
+    token_logp: torch.Tensor,
+    old_token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    reward: torch.Tensor,
+    ref_logp: torch.Tensor,
+    beta: float,
+    group_size: int,
+    clip_eps: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Asynchronous PPO without a value network: advantage = KL-shaped reward (computed with the
+    behaviour policy's log-probs) minus its group mean, per-token clipped ratio, token mean per
+    sequence, then the mean over sequences."""
+    _check_groups(token_logp.shape[0], group_size)
+    old_seq = (old_token_logp * mask).sum(dim=1)
+    adv = group_advantages(shaped_reward(reward, old_seq, ref_logp, beta), group_size, normalize_std=False)
+    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps)
+    loss = -(surrogate.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    metrics = _ratio_metrics(token_logp, old_token_logp, mask, was_clipped)
+    metrics["kl"] = (old_seq - ref_logp.to(old_seq.dtype)).mean().item()
+    return loss, metrics
+
+
+def rloo_loss(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    reward: torch.Tensor,
+    beta: float,
+    group_size: int,
+    sampler_logp: torch.Tensor | None = None,
+    clip_eps: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """RLOO (Ahmadian et al. 2024) on sequence log-probs: A_j = r'_j − mean_{i≠j} r'_i with the
+    KL-shaped reward r' (log π taken from ``sampler_logp`` when given, else the current policy),
+    loss = −mean(A·log π). With ``clip_eps`` (Proximal RLOO) the sequence ratio
+    π/π_sampler is clipped as in PPO: −mean(min(ratio·A, clip(ratio)·A))."""
+    _check_groups(logp.shape[0], group_size)
+    behaviour = logp if sampler_logp is None else sampler_logp.to(logp.dtype)
+    r = shaped_reward(reward, behaviour, ref_logp, beta).view(-1, group_size)  # [B, K]
+    k = group_size
+    adv = (r - (r.sum(dim=1, keepdim=True) - r) / (k - 1)).reshape(-1)  # leave-one-out baseline
+    metrics = {"kl": (behaviour.detach() - ref_logp.to(logp.dtype)).mean().item()}
+    if clip_eps is None:
+        return -(adv * logp).mean(), metrics
+    if sampler_logp is None:
+        raise ValueError("proximal rloo (clip_eps set) needs sampler_logp")
+    ratio = torch.exp(logp - behaviour)
+    unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    metrics["clip_fraction"] = (clipped < unclipped).float().mean().item()
+    metrics["ratio_mean"] = ratio.detach().mean().item()
+    return -torch.minimum(unclipped, clipped).mean(), metrics
+
+
+def online_dpo_loss(
+    logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, beta: float, group_size: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Online DPO (Guo et al. 2024): in each group the highest-reward completion is chosen and the
+    lowest rejected (the first of each on ties); loss = −log σ(β·(Δ_chosen − Δ_rejected)) with
+    Δ = log π − log π_ref, averaged over groups whose rewards differ (others carry no preference)."""
+    _check_groups(logp.shape[0], group_size)
+    r = reward.view(-1, group_size).to(logp.dtype)
+    delta = (logp - ref_logp.to(logp.dtype)).view(-1, group_size)  # [B, K]
+    chosen, rejected = r.argmax(dim=1, keepdim=True), r.argmin(dim=1, keepdim=True)
+    valid = (r.max(dim=1).values > r.min(dim=1).values).to(logp.dtype)  # [B]
+    margin = beta * (delta.gather(1, chosen) - delta.gather(1, rejected)).squeeze(1)  # [B]
+    losses = -torch.nn.functional.logsigmoid(margin) * valid
+    n_valid = valid.sum()
+    loss = losses.sum() / n_valid.clamp(min=1)  # 0 with zero gradient when no group has a pair
+    with torch.no_grad():
+        acc = ((margin > 0).to(logp.dtype) * valid).sum() / n_valid.clamp(min=1)
+    return loss, {"pairs": n_valid.item(), "preference_accuracy": acc.item(), "margin_mean": margin.mean().item()}

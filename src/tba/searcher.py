@@ -53,6 +53,7 @@ class Searcher:
         chat_template: bool | None = None,
         unfinished_reward: float | None = None,
         ref_micro_batch: int | None = None,
+        ref_reset_every: int | None = None,
     ):
         self.task = task
         self.tokenizer = tokenizer
@@ -67,6 +68,8 @@ class Searcher:
         self.chat_template = chat_template
         self.unfinished_reward = unfinished_reward
         self.ref_micro_batch = ref_micro_batch
+        self.ref_reset_every = ref_reset_every  # TBA′: the reference follows the policy every ρ steps
+        self.ref_epoch = 0
         self.version = -1  # no weights loaded yet
         self.last_reward_mean = float("nan")
         self.stats = SearcherStats()
@@ -80,6 +83,9 @@ class Searcher:
         version, state = newest
         self.generator.load_weights(state, version)
         self.version = version
+        if self.ref_reset_every and version // self.ref_reset_every > self.ref_epoch:
+            self.reference.load_state_dict(state)  # data already in the buffer keeps its old ref_logps
+            self.ref_epoch = version // self.ref_reset_every
         self.stats.weight_updates += 1
         return True
 
@@ -91,14 +97,14 @@ class Searcher:
         prompt_ids = encode_prompts(self.tokenizer, [p.text for p in prompts], self.chat_template)
         outputs = self.generator.generate(prompt_ids, self.params)
         kept = [self._score(p, outs) for p, outs in zip(prompts, outputs, strict=True)]
-        rewards = [r for items in kept for _, r, _ in items]
+        rewards = [item[1] for items in kept for item in items]
         # Mean reward of what this batch sampled (before the buffer deduplicates anything): the
         # plainest measure of how the sampling policy is doing.
         self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
         return self._with_ref_logps(prompts, prompt_ids, kept)
 
-    def _score(self, prompt: Prompt, outs) -> list[tuple[list[int], float, bool]]:
-        """(token ids, reward, finished) of the usable completions of one prompt."""
+    def _score(self, prompt: Prompt, outs) -> list[tuple[list[int], float, bool, list[float] | None]]:
+        """(token ids, reward, finished, sampler token log-probs) of the usable completions of one prompt."""
         kept = []
         for out in outs:
             self.stats.completions += 1
@@ -110,12 +116,12 @@ class Searcher:
             if not out.finished:
                 self.stats.unfinished += 1
                 if self.unfinished_reward is not None:
-                    kept.append((out.token_ids, self.unfinished_reward, False))
+                    kept.append((out.token_ids, self.unfinished_reward, False, out.token_logps))
                     continue
             text = self.tokenizer.decode(content, skip_special_tokens=True)
             reward = safe_reward(lambda p=prompt, t=text: self.task.reward(p, t), self.reward_stats)
             if reward is not None:
-                kept.append((out.token_ids, reward, out.finished))
+                kept.append((out.token_ids, reward, out.finished, out.token_logps))
         return kept
 
     @torch.no_grad()
@@ -125,7 +131,7 @@ class Searcher:
             if len(items) < 2:
                 continue
             flat_prompts += [ids] * len(items)
-            flat_completions += [tokens for tokens, _, _ in items]
+            flat_completions += [item[0] for item in items]
         ref = []
         if flat_completions:
             ref = sequence_logprobs(
@@ -146,12 +152,14 @@ class Searcher:
                 RolloutGroup(
                     prompt_id=prompt.id,
                     prompt_ids=ids,
-                    completions=[tokens for tokens, _, _ in items],
-                    rewards=[r for _, r, _ in items],
+                    completions=[item[0] for item in items],
+                    rewards=[item[1] for item in items],
                     ref_logps=ref[i : i + n],
                     policy_version=self.version,
                     searcher_id=self.searcher_id,
-                    finished=[f for _, _, f in items],
+                    finished=[item[2] for item in items],
+                    sampler_logps=[sum(item[3]) for item in items] if self.params.logprobs else None,
+                    sampler_token_logps=[item[3] for item in items] if self.params.logprobs else None,
                 )
             )
             i += n

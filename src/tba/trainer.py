@@ -21,8 +21,8 @@ import torch
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import sequence_logprobs
-from tba.objectives import tb_loss
+from tba.models.logprobs import token_logprobs
+from tba.objectives import dr_grpo_loss, grpo_loss, online_dpo_loss, ppo_loss, rloo_loss, tb_loss
 from tba.schedules import beta_at, lr_multiplier
 from tba.types import Batch, RolloutGroup
 from tba.weights import WeightStore
@@ -39,6 +39,7 @@ class Trainer:
         group_size: int,
         pad_id: int,
         eos_ids: set[int],
+        max_new_tokens: int | None = None,
     ):
         self.model = model
         self.buffer = buffer
@@ -48,6 +49,7 @@ class Trainer:
         self.group_size = group_size
         self.pad_id = pad_id
         self.eos_ids = eos_ids
+        self.max_tokens = objective.max_tokens or max_new_tokens or 1  # Dr. GRPO's constant
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
         self._arrival_lag_max = 0
@@ -119,24 +121,59 @@ class Trainer:
             g1 = min(g0 + groups_per_micro, batch.num_groups)
             rollouts = batch.rollouts[g0 * k : g1 * k]
             prompts = [batch.prompt_ids[g] for g in range(g0, g1) for _ in range(k)]
-            logp = sequence_logprobs(
+            token_logp, mask = token_logprobs(
                 self.model, prompts, [list(r.completion) for r in rollouts], self.pad_id, self.eos_ids
-            )  # [G*K]
+            )  # [G*K, T] each
+            logp = token_logp.sum(-1)  # [G*K]
             ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
             reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
-            loss, m = tb_loss(logp, ref, reward, beta, k)
+            loss, m = self._objective(token_logp, mask, logp, ref, reward, rollouts, beta)
             share = (g1 - g0) / batch.num_groups  # micro-batch losses are means: weight by size
             (loss * share).backward()
+            kl = m["kl"] if "kl" in m else (logp.detach() - ref).mean().item()
             parts = {
                 "train/loss": loss.item(),
-                "train/log_z": m["log_z_mean"],
-                "train/kl": m["kl"],
+                "train/kl": kl,
+                **{f"train/{'log_z' if key == 'log_z_mean' else key}": v for key, v in m.items() if key != "kl"},
                 "train/reward_mean": reward.mean().item(),
                 "train/completion_len": sum(len(r.completion) for r in rollouts) / len(rollouts),
             }
             for key, value in parts.items():
                 totals[key] = totals.get(key, 0.0) + value * share
         return totals
+
+    def _objective(self, token_logp, mask, logp, ref, reward, rollouts, beta):
+        """The configured objective on one micro-batch of whole groups."""
+        o, k = self.objective, self.group_size
+        if o.type == "tb":
+            return tb_loss(logp, ref, reward, beta, k, scale_beta_sq=o.scale_beta_sq)
+        if o.type == "online_dpo":
+            return online_dpo_loss(logp, ref, reward, beta, k)
+        if o.type == "rloo" and not o.rloo_proximal:
+            return rloo_loss(logp, ref, reward, beta, k)
+        old = self._sampler_token_logps(rollouts, mask)  # [G*K, T]
+        if o.type == "rloo":
+            return rloo_loss(logp, ref, reward, beta, k, sampler_logp=old.sum(-1), clip_eps=o.clip_eps)
+        if o.type == "grpo":
+            return grpo_loss(token_logp, old, mask, reward, k, o.clip_eps, ref_logp=ref, kl_coef=o.kl_coef)
+        if o.type == "dr_grpo":
+            return dr_grpo_loss(token_logp, old, mask, reward, k, self.max_tokens, o.clip_eps)
+        if o.type == "ppo":
+            return ppo_loss(token_logp, old, mask, reward, ref, beta, k, o.clip_eps)
+        raise ValueError(f"unknown objective.type {o.type!r}")
+
+    @staticmethod
+    def _sampler_token_logps(rollouts, mask: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(mask)
+        for i, r in enumerate(rollouts):
+            if r.sampler_token_logps is None:
+                raise ValueError(
+                    "this objective needs the sampler's per-token log-probs, and a rollout in the buffer has none "
+                    "(it came from a searcher or checkpoint made for another objective)"
+                )
+            n = len(r.sampler_token_logps)
+            out[i, :n] = torch.tensor(r.sampler_token_logps, dtype=out.dtype)
+        return out * mask
 
     def state_dict(self) -> dict:
         return {

@@ -25,10 +25,11 @@ class RolloutGroup:
     searcher_id: int = 0
     sampler_logps: list[float] | None = None  # sequence log-probs under the sampling policy
     finished: list[bool] | None = None  # completion ended with EOS (not cut at max_new_tokens)
+    sampler_token_logps: list[list[float]] | None = None  # per completion token, when recorded
 
     def __post_init__(self) -> None:
         k = len(self.completions)
-        for name in ("rewards", "ref_logps", "sampler_logps", "finished"):
+        for name in ("rewards", "ref_logps", "sampler_logps", "finished", "sampler_token_logps"):
             values = getattr(self, name)
             if values is not None and len(values) != k:
                 raise ValueError(
@@ -53,6 +54,7 @@ class Rollout:
     sampler_logp: float | None = None
     finished: bool = True
     searcher_id: int = 0
+    sampler_token_logps: tuple[float, ...] | None = None
 
 
 @dataclass

@@ -17,12 +17,14 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 64
     greedy: bool = False
+    logprobs: bool = False  # also return each completion token's log-prob under the sampling policy
 
 
 @dataclass
 class Completion:
     token_ids: list[int]  # up to and including the first EOS
     finished: bool  # ended with EOS (else cut at max_new_tokens)
+    token_logps: list[float] | None = None  # with SamplingParams.logprobs: log π(token) at temperature 1
 
 
 class Generator(Protocol):

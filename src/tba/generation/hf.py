@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tba.generation.base import Completion, SamplingParams
-from tba.models.logprobs import truncate_at_eos
+from tba.models.logprobs import token_logprobs, truncate_at_eos
 
 
 class HFGenerator:
@@ -50,6 +50,19 @@ class HFGenerator:
             tokens = truncate_at_eos(row, self.eos_ids)
             finished = bool(tokens) and tokens[-1] in self.eos_ids
             completions.append(Completion(tokens, finished))
+        if params.logprobs:  # teacher-forced, with the same code the trainer uses: ratios start at 1
+            nonempty = [i for i, c in enumerate(completions) if c.token_ids]
+            if nonempty:
+                logp, mask = token_logprobs(
+                    self.model,
+                    [prompts[i] for i in nonempty],
+                    [completions[i].token_ids for i in nonempty],
+                    self.pad_id,
+                    self.eos_ids,
+                )
+                for row, i in enumerate(nonempty):
+                    n = len(completions[i].token_ids)
+                    completions[i].token_logps = logp[row, :n].tolist()
         return completions
 
     def load_weights(self, state_dict: dict, version: int) -> None:

@@ -89,13 +89,20 @@ def make_searcher(
         HFGenerator(sampler, tokenizer.pad_token_id, eos),
         reference,
         weights,
-        SamplingParams(n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens),
+        SamplingParams(
+            n=g.group_size,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            max_new_tokens=g.max_new_tokens,
+            logprobs=cfg.objective.needs_sampler_logps,
+        ),
         g.prompts_per_batch,
         eos,
         searcher_id=searcher_id,
         seed=cfg.run.seed,
         chat_template=cfg.model.chat_template,
         unfinished_reward=g.unfinished_reward,
+        ref_reset_every=cfg.objective.ref_reset_every if cfg.objective.type == "tb" else None,
     )
 
 
@@ -128,7 +135,17 @@ def build_components(
     pad = tokenizer.pad_token_id
     weights = weights or LocalWeightStore()
     buffer = make_buffer(cfg)
-    trainer = Trainer(policy, buffer, weights, cfg.trainer, cfg.objective, cfg.generation.group_size, pad, eos)
+    trainer = Trainer(
+        policy,
+        buffer,
+        weights,
+        cfg.trainer,
+        cfg.objective,
+        cfg.generation.group_size,
+        pad,
+        eos,
+        max_new_tokens=cfg.generation.max_new_tokens,
+    )
     searcher = None
     if with_searcher:
         # The searcher samples from its own copy of the policy, refreshed only when the trainer
