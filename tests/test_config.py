@@ -315,3 +315,10 @@ def test_numeric_looking_names_stay_strings() -> None:
 def test_cli_rejects_a_second_positional_argument(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "a.yaml", "b.yaml"]) == 2
     assert "unexpected argument 'b.yaml'" in capsys.readouterr().err
+
+
+def test_shipped_demo_config_is_the_default() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    assert load_config(path) == load_config(None)
