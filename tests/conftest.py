@@ -7,6 +7,17 @@ import torch
 
 from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
 
+# A small demo setting for end-to-end runs of the CLI: one-digit sums, 8 prompts a step.
+SMALL_DEMO_ARGS = [
+    "--task.digits=1",
+    "--task.operators=+",
+    "--task.eval_size=20",
+    "--generation.prompts_per_batch=8",
+    "--trainer.batch_prompts=8",
+    "--trainer.lr=3e-4",
+    "--generation.max_new_tokens=4",
+]
+
 SMALL = TinySpec(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=64)
 
 

@@ -9,17 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from tests.conftest import SMALL_DEMO_ARGS
 
 from tba.metrics import read_metrics
 
 SMALL_DEMO = [
-    "--task.digits=1",
-    "--task.operators=+",
-    "--task.eval_size=20",
-    "--generation.prompts_per_batch=8",
-    "--trainer.batch_prompts=8",
-    "--trainer.lr=3e-4",
-    "--generation.max_new_tokens=4",
+    *SMALL_DEMO_ARGS,
     "--eval.every=30",
     "--run.seed=0",
 ]

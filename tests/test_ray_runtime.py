@@ -11,23 +11,14 @@ import time
 import pytest
 import ray
 import torch
+from tests.conftest import SMALL_DEMO_ARGS
 
 from tba.config import load_config
 from tba.metrics import read_metrics
 from tba.models.tiny import ensure_tiny_model
 from tba.runtime.distributed import run_ray
 
-SMALL = [
-    "--runtime.type=ray",
-    "--task.digits=1",
-    "--task.operators=+",
-    "--task.eval_size=20",
-    "--generation.prompts_per_batch=8",
-    "--trainer.batch_prompts=8",
-    "--trainer.lr=3e-4",
-    "--generation.max_new_tokens=4",
-    "--logging.progress=false",
-]
+SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
 
 
 @pytest.fixture(scope="module")
