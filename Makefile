@@ -9,9 +9,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(VENV)/bin/pip install --quiet -e ".[dev]"
+	$(VENV)/bin/pip install --quiet "$(TORCH_SPEC)" -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
