@@ -160,20 +160,22 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False)
         resumed = cfg.run.resume and resume(c, run_dir, log)
         metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, start_time=start)
-        c.trainer.publish()  # searchers start from the trainer's weights
-        initial = {}
-        if not resumed:
-            initial = evaluate_policy(c, cfg)
-            metrics.log(0, initial)
         r = cfg.runtime
         threads = max(1, int(r.searcher_cpus))
         cfg_data = cfg.model_dump(mode="json")
+        # Searcher processes start (imports, model loading) while this one publishes and
+        # evaluates; the model paths are resolved by now, so none of them builds the demo model.
         actors = [
             SearcherWorker.options(
                 num_cpus=r.searcher_cpus, num_gpus=r.searcher_gpus, resources=dict(r.searcher_resources)
             ).remote(cfg_data, i, board, inbox, threads)
             for i in range(r.num_searchers)
         ]
+        c.trainer.publish()  # searchers start from the trainer's weights
+        initial = {}
+        if not resumed:
+            initial = evaluate_policy(c, cfg)
+            metrics.log(0, initial)
         runs = [a.run.remote() for a in actors]
         log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s)")
         extra = _train(c, cfg, run_dir, metrics, initial, inbox, runs)
