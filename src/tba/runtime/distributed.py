@@ -34,7 +34,7 @@ from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.plots import plot_run
 from tba.runtime.common import evaluate_policy, open_run, print_summary, resume, save, write_summary
-from tba.runtime.components import Components, build_components, build_searcher, seed_everything
+from tba.runtime.components import Components, build_components, build_searcher, model_paths, seed_everything
 from tba.runtime.errors import SearcherFailed
 
 
@@ -150,8 +150,9 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     console = console or Console(stderr=True)
     start = time.time()
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
     run_dir = open_run(cfg, console)
+    model_paths(cfg, log)  # builds the demo model on first use, on every core, before the split
+    torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
     started_ray = _init_ray(cfg)
     actors, metrics = [], None
     inbox = None
