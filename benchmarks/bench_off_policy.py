@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_off_policy.py                       # 5 objectives x k in {1,4,16} x 3 seeds
     .venv/bin/python benchmarks/bench_off_policy.py --steps 400 --objectives tb grpo --intervals 1 16
+    .venv/bin/python benchmarks/bench_off_policy.py --jobs 2        # two runs at a time, one thread each
 
 Every run is the real CLI on the demo task in the ``sync`` runtime, where the staleness is exact
 and independent of machine load: with ``trainer.sync_interval=k`` the searcher samples with
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -62,6 +65,14 @@ def run_one(out: Path, objective: str, k: int, seed: int, steps: int, extra: lis
     }
 
 
+def build_model(extra: list[str]) -> None:
+    """Build (or find cached) the demo model that every run starts from."""
+    from tba.config import load_config
+    from tba.runtime.components import model_paths
+
+    model_paths(load_config(None, extra), log=lambda msg: None)
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -73,16 +84,24 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-off-policy"))
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs side by side; each gets cores/jobs torch threads (default 1)"
+    )
     args, extra = parser.parse_known_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.jobs > 1:
+        extra = [f"--run.threads={max(1, (os.cpu_count() or 1) // args.jobs)}", *extra]
+    build_model(extra)  # once, before runs that would otherwise race to build it
+    grid = [(o, k, s) for s in args.seeds for k in args.intervals for o in args.objectives]
     results, start = [], time.time()
-    for seed in args.seeds:
-        for k in args.intervals:
-            for objective in args.objectives:
-                r = run_one(args.out, objective, k, seed, args.steps, extra)
-                results.append(r)
-                status = r.get("error", "").strip().splitlines()[-1:] or [f"{r['acc_final']:.1%}"]
-                print(f"[{time.time() - start:6.0f} s] {objective:>8} k={k:<3} seed {seed}: {status[0]}", flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_one, args.out, o, k, s, args.steps, extra) for o, k, s in grid]
+        for future in futures:
+            r = future.result()
+            results.append(r)
+            status = r.get("error", "").strip().splitlines()[-1:] or [f"{r['acc_final']:.1%}"]
+            label = f"{r['objective']:>8} k={r['k']:<3} seed {r['seed']}"
+            print(f"[{time.time() - start:6.0f} s] {label}: {status[0]}", flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
 
     ok = [r for r in results if "error" not in r]
