@@ -154,7 +154,7 @@ class BufferConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    steps: int = Field(800, ge=1)
+    steps: int = Field(600, ge=1)
     """Optimizer steps."""
     batch_prompts: int = Field(16, ge=1)
     """Prompts (groups) per batch; each contributes generation.group_size completions."""
