@@ -18,6 +18,14 @@ SMALL_DEMO_ARGS = [
     "--generation.max_new_tokens=4",
 ]
 
+
+def stored_rollouts(run_dir, step):
+    """The replay buffer's rollout rows in the checkpoint of ``step``: prompt_id, completion, reward,
+    ref_logp, policy_version, arrival_step, ..., sampler_token_logps (Rollout's field order)."""
+    state = torch.load(run_dir / "checkpoints" / f"step_{step}" / "trainer_state.pt", weights_only=False)
+    return [row for _, rows in state["buffer"]["prompts"].values() for row in rows]
+
+
 SMALL = TinySpec(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=64)
 
 

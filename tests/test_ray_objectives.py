@@ -7,8 +7,7 @@ import math
 
 import pytest
 import ray
-import torch
-from tests.conftest import SMALL_DEMO_ARGS
+from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
@@ -68,8 +67,7 @@ def test_every_objective_trains_asynchronously(tmp_path, ray_session, overrides)
     assert train[-1]["train/skipped_steps"] == 0
     assert max(r["train/lag_max"] for r in train) > 0, "asynchronous data: some trained rollouts are stale"
 
-    state = torch.load(run_dir / "checkpoints" / f"step_{STEPS}" / "trainer_state.pt", weights_only=False)
-    rows = [row for _, rows in state["buffer"]["prompts"].values() for row in rows]
+    rows = stored_rollouts(run_dir, STEPS)
     # Rollout rows end with sampler_token_logps: present exactly when the objective needs them
     needs = cfg.objective.needs_sampler_logps
     assert rows and all((row[-1] is not None) == needs for row in rows)

@@ -10,8 +10,7 @@ import time
 
 import pytest
 import ray
-import torch
-from tests.conftest import SMALL_DEMO_ARGS
+from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
@@ -28,12 +27,6 @@ def cache_dir(tmp_path_factory):
     cfg = load_config(None, SMALL)
     ensure_tiny_model(cfg.task, str(path), log=lambda m: None)
     return path
-
-
-def stored_rollouts(run_dir, step):
-    state = torch.load(run_dir / "checkpoints" / f"step_{step}" / "trainer_state.pt", weights_only=False)
-    # Rollout rows: prompt_id, completion, reward, ref_logp, policy_version, arrival_step, ...
-    return [row for _, rows in state["buffer"]["prompts"].values() for row in rows]
 
 
 def test_async_run_tags_versions_and_bounds_lag(tmp_path, cache_dir):
