@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.config import load_config
+from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama, ensure_tiny_model
+from tba.types import Rollout
 
 # A small demo setting for end-to-end runs of the CLI: one-digit sums, 8 prompts a step.
 SMALL_DEMO_ARGS = [
@@ -19,11 +21,19 @@ SMALL_DEMO_ARGS = [
 ]
 
 
-def stored_rollouts(run_dir, step):
-    """The replay buffer's rollout rows in the checkpoint of ``step``: prompt_id, completion, reward,
-    ref_logp, policy_version, arrival_step, ..., sampler_token_logps (Rollout's field order)."""
+def stored_rollouts(run_dir, step) -> list[Rollout]:
+    """The replay buffer's rollouts in the checkpoint of ``step``."""
     state = torch.load(run_dir / "checkpoints" / f"step_{step}" / "trainer_state.pt", weights_only=False)
-    return [row for _, rows in state["buffer"]["prompts"].values() for row in rows]
+    return [Rollout(*row) for _, rows in state["buffer"]["prompts"].values() for row in rows]
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory):
+    """A model cache holding the small demo setting's warm-started model, built once per session,
+    so searcher processes find it instead of building it."""
+    path = tmp_path_factory.mktemp("tba-cache")
+    ensure_tiny_model(load_config(None, SMALL_DEMO_ARGS).task, str(path), log=lambda m: None)
+    return path
 
 
 SMALL = TinySpec(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=64)

@@ -11,20 +11,16 @@ from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
-from tba.models.tiny import ensure_tiny_model
 from tba.runtime.distributed import run_ray
 
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def ray_session(tmp_path_factory):
+def ray_session(demo_cache):
     """One local Ray instance for all objectives (run_ray joins it instead of starting its own)."""
-    cache = tmp_path_factory.mktemp("tba-cache")
-    cfg = load_config(None, SMALL_DEMO_ARGS)
-    ensure_tiny_model(cfg.task, str(cache), log=lambda m: None)
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
-    yield cache
+    yield demo_cache
     ray.shutdown()
 
 
@@ -67,10 +63,10 @@ def test_every_objective_trains_asynchronously(tmp_path, ray_session, overrides)
     assert train[-1]["train/skipped_steps"] == 0
     assert max(r["train/lag_max"] for r in train) > 0, "asynchronous data: some trained rollouts are stale"
 
-    rows = stored_rollouts(run_dir, STEPS)
-    # Rollout rows end with sampler_token_logps: present exactly when the objective needs them
+    rollouts = stored_rollouts(run_dir, STEPS)
+    # the sampler's per-token log-probs are recorded exactly when the objective needs them
     needs = cfg.objective.needs_sampler_logps
-    assert rows and all((row[-1] is not None) == needs for row in rows)
+    assert rollouts and all((r.sampler_token_logps is not None) == needs for r in rollouts)
     if needs:
-        assert all(len(row[-1]) == len(row[1]) for row in rows), "one log-prob per completion token"
-        assert all(lp <= 0.0 for row in rows for lp in row[-1])
+        assert all(len(r.sampler_token_logps) == len(r.completion) for r in rollouts), "one per token"
+        assert all(lp <= 0.0 for r in rollouts for lp in r.sampler_token_logps)

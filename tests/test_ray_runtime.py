@@ -8,28 +8,17 @@ import subprocess
 import sys
 import time
 
-import pytest
 import ray
 from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
-from tba.models.tiny import ensure_tiny_model
 from tba.runtime.distributed import run_ray
 
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """Build the demo model once, so searcher processes find it cached."""
-    path = tmp_path_factory.mktemp("tba-cache")
-    cfg = load_config(None, SMALL)
-    ensure_tiny_model(cfg.task, str(path), log=lambda m: None)
-    return path
-
-
-def test_async_run_tags_versions_and_bounds_lag(tmp_path, cache_dir):
+def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     k, steps = 4, 40
     cfg = load_config(
         None,
@@ -38,7 +27,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, cache_dir):
             f"--trainer.steps={steps}",
             f"--trainer.sync_interval={k}",
             "--eval.every=40",
-            f"--model.cache_dir={cache_dir}",
+            f"--model.cache_dir={demo_cache}",
             f"--run.output_dir={tmp_path}",
             "--run.name=a",
         ],
@@ -48,18 +37,18 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, cache_dir):
     assert summary["trainer_steps"] == steps and summary["runtime"] == "ray"
     assert 0 < summary["trainer_busy_fraction"] <= 1 and summary["lag_mean"] is not None
 
-    rows = stored_rollouts(run_dir, steps)
-    assert rows
-    arrivals = sorted({row[5] for row in rows})
+    rollouts = stored_rollouts(run_dir, steps)
+    assert rollouts
+    arrivals = sorted({r.arrival_step for r in rollouts})
     gap = max((b - a for a, b in zip(arrivals, arrivals[1:], strict=False)), default=0)
-    for row in rows:
-        version, arrival = row[4], row[5]
+    for r in rollouts:
+        version, arrival = r.policy_version, r.arrival_step
         assert version % k == 0, "searchers only ever hold published versions"
         assert version <= arrival <= steps
         # a batch starts from the newest publication (at most k-1 steps old) and arrives within
         # one searcher batch time, measured here as the widest gap between arrivals
         assert arrival - version <= (k - 1) + gap + 1, (arrival, version, gap)
-    assert max(row[4] for row in rows) > 0  # searchers did pick up new weights
+    assert max(r.policy_version for r in rollouts) > 0  # searchers did pick up new weights
 
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("train/loss") is not None]
@@ -79,7 +68,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, cache_dir):
     assert all(r["train/lag_max"] >= r["train/lag_mean"] >= 0 for r in train)
 
 
-def test_searcher_on_another_node_contributes(tmp_path, cache_dir):
+def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -95,7 +84,7 @@ def test_searcher_on_another_node_contributes(tmp_path, cache_dir):
                 f"--runtime.address={cluster.address}",
                 "--runtime.searcher_resources={searcher_node: 1}",
                 "--runtime.trainer_cpus=1",
-                f"--model.cache_dir={cache_dir}",
+                f"--model.cache_dir={demo_cache}",
                 f"--run.output_dir={tmp_path}",
                 "--run.name=c",
             ],
@@ -125,7 +114,7 @@ def ray_processes(wait_s: float = 15.0) -> list[str]:
         time.sleep(0.5)
 
 
-def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, cache_dir):
+def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
     assert not ray_processes()
     env = {**os.environ, "TERM": "dumb"}
     proc = subprocess.run(
@@ -136,7 +125,7 @@ def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, cache_dir):
             "train",
             *SMALL,
             "--trainer.steps=20",
-            f"--model.cache_dir={cache_dir}",
+            f"--model.cache_dir={demo_cache}",
             "--model.reference=/nonexistent/reference-model",
             f"--run.output_dir={tmp_path}",
             "--run.name=f",
@@ -157,7 +146,7 @@ def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, cache_dir):
     assert not ray_processes(), ray_processes()
 
 
-def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, cache_dir):
+def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, demo_cache):
     env = {**os.environ, "TERM": "dumb"}
     proc = subprocess.Popen(
         [
@@ -168,7 +157,7 @@ def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, cache_dir):
             *SMALL,
             "--trainer.steps=100000",
             "--eval.every=100000",
-            f"--model.cache_dir={cache_dir}",
+            f"--model.cache_dir={demo_cache}",
             f"--run.output_dir={tmp_path}",
             "--run.name=i",
         ],
