@@ -322,3 +322,43 @@ def test_shipped_demo_config_is_the_default() -> None:
 
     path = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
     assert load_config(path) == load_config(None)
+
+
+def test_task_sections_are_a_union_picked_by_name():
+    from tba.config import DatasetTaskConfig, GSM8KTaskConfig
+
+    assert load_config(None, ["--task.digits=1"]).task.name == "arithmetic"  # no name: the default task
+    cfg = load_config(None, ["--task.name=gsm8k"])
+    assert isinstance(cfg.task, GSM8KTaskConfig) and cfg.task.path == "openai/gsm8k" and cfg.task.eval_split == "test"
+    cfg = load_config(None, ["--task.name=dataset", "--task.path=d.jsonl", "--task.reward_funcs=[m:f]"])
+    assert isinstance(cfg.task, DatasetTaskConfig) and cfg.task.prompt_column == "prompt"
+    with pytest.raises(ConfigError, match="'arithmetic', 'dataset', 'gsm8k'"):
+        load_config(None, ["--task.name=nope"])
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["--task.name=dataset"])
+    assert "task.path: Field required" in str(err.value) and "task.reward_funcs" in str(err.value)
+    with pytest.raises(ConfigError, match="task.digits: unknown key"):  # an arithmetic key on another task
+        load_config(None, ["--task.name=gsm8k", "--task.digits=2"])
+    with pytest.raises(ConfigError, match="reward_weights has 2 entries for 1"):
+        load_config(
+            None, ["--task.name=dataset", "--task.path=d", "--task.reward_funcs=[m:f]", "--task.reward_weights=[1,2]"]
+        )
+
+
+def test_recipes_validate():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    g = load_config(root / "gsm8k_rho1b.yaml")
+    assert (g.generation.group_size, g.generation.samples_per_prompt, g.trainer.batch_prompts) == (20, 24, 7)
+    assert (g.objective.beta, g.objective.beta_final, g.objective.beta_anneal_steps) == (0.014, 0.004, 500)
+    assert g.trainer.steps == 700 and g.trainer.sync_interval == 2 and g.buffer.recent_prob == 0.95
+    c = load_config(root / "custom_task.yaml")
+    assert c.task.name == "dataset" and len(c.task.reward_funcs) == 2
+
+
+def test_samples_per_prompt_and_pass_k_are_checked():
+    with pytest.raises(ConfigError, match="samples_per_prompt 4 is below group_size 8"):
+        load_config(None, ["--generation.samples_per_prompt=4"])
+    with pytest.raises(ConfigError, match=r"pass_k \[8\] must lie between 1 and samples=4"):
+        load_config(None, ["--eval.samples=4", "--eval.pass_k=[1, 8]"])

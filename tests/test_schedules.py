@@ -111,3 +111,14 @@ def test_decay_is_monotone_after_warmup(schedule: str) -> None:
 def test_unknown_schedule_is_rejected_after_warmup() -> None:
     with pytest.raises(ValueError, match=r"unknown lr schedule 'step'"):
         lr_multiplier(5, 10, 2, "step")
+
+
+def test_warmup_stable_then_cosine_cut_short_as_in_the_gsm8k_recipe():
+    from tba.schedules import lr_multiplier
+
+    m = [lr_multiplier(s, 700, 50, "cosine", 0.0, stable_steps=350, decay_steps=600) for s in range(700)]
+    assert m[0] == 1 / 51 and m[49] == 50 / 51
+    assert m[50] == m[399] == 1.0  # 350 stable steps at the peak
+    assert m[400] == 1.0 and abs(m[700 - 1] - 0.5 * (1 + math.cos(math.pi * 299 / 600))) < 1e-12
+    assert 0.5 < m[-1] < 0.51  # cut at 700, halfway down the 600-step cosine
+    assert all(a >= b for a, b in zip(m[50:], m[51:], strict=False))

@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(dump_config(cfg), end="")
         return 0
+    from tba.rewards import RewardFunctionError
     from tba.runtime.errors import SearcherFailed
+    from tba.tasks.data import DatasetLoadError
 
     if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid
         from tba.runtime.distributed import run_ray as run
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run(cfg)
-    except (FileExistsError, FileNotFoundError) as err:
+    except (FileExistsError, FileNotFoundError, DatasetLoadError, RewardFunctionError) as err:
         print(f"tba: {err}", file=sys.stderr)
         return 2
     except SearcherFailed as err:

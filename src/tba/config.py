@@ -11,7 +11,7 @@ This module imports nothing heavy (no torch), so the CLI can reject a bad config
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -62,13 +62,16 @@ class ModelConfig(_Section):
     """Wrap prompts in the tokenizer's chat template; default: when the tokenizer has one."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``; only enable for repositories you trust."""
+    eos_tokens: list[str] = []
+    """Extra tokens that end a completion, besides the tokenizer's EOS, the model's generation-config EOS
+    and (with a chat template) the template's end-of-turn token, which are found automatically."""
     cache_dir: str | None = None
     """Where the built-in demo model is cached; default ``$TBA_CACHE`` or ``~/.cache/tba``."""
 
 
 class ArithmeticTaskConfig(_Section):
     name: Literal["arithmetic"] = "arithmetic"
-    """Task name. Built in: ``arithmetic`` (integer problems such as ``37+85=``)."""
+    """Task type. ``arithmetic``: the built-in demo, integer problems such as ``37+85=``."""
     digits: int = Field(2, ge=1, le=6)
     """Operands have up to this many digits."""
     operators: str = "+-"
@@ -86,11 +89,110 @@ class ArithmeticTaskConfig(_Section):
         return self
 
 
+class _DataTaskConfig(_Section):
+    """Where a task's prompts come from: a Hugging Face dataset or local files, through ``datasets``."""
+
+    path: str
+    """Hugging Face dataset id (``openai/gsm8k``), or a local JSONL/JSON/CSV/Parquet file or a folder
+    of them (relative paths are resolved against the working directory)."""
+    config: str | None = None
+    """Dataset configuration name on the hub (``main`` for GSM8K)."""
+    split: str = "train"
+    """Split to train on."""
+    eval_split: str | None = None
+    """Split to evaluate on (``test``); default: hold out ``eval_size`` rows of ``split``."""
+    eval_path: str | None = None
+    """A separate local file (or hub id) holding the evaluation rows; its ``eval_split`` (or its only split) is used."""
+    eval_size: int = Field(256, ge=1)
+    """Rows held out of ``split`` for evaluation (seeded by ``seed``) when there is no ``eval_split`` or
+    ``eval_path``; they are never trained on."""
+    seed: int = 1234
+    """Seed of the held-out rows (independent of ``run.seed`` so splits match across runs)."""
+    id_column: str | None = None
+    """Column with a stable prompt id; default: a hash of the prompt, stable across runs and processes."""
+    max_prompt_tokens: int | None = Field(1024, ge=1)
+    """Prompts longer than this many tokens (after the chat template) are dropped at load and counted,
+    never truncated; None keeps every prompt."""
+    max_rows: int | None = Field(None, ge=1)
+    """Use only the first N rows of the training split (quick experiments)."""
+
+
+class DatasetTaskConfig(_DataTaskConfig):
+    name: Literal["dataset"] = "dataset"
+    """Task type. ``dataset``: prompts from a dataset, rewards from your functions."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: a string, or a list of chat messages ``[{role, content}]``. Strings go
+    through the chat template per ``model.chat_template``; message lists always do."""
+    reward_funcs: list[str] = Field(min_length=1)
+    """Reward functions, ``pkg.module:fn`` or ``path/to/file.py:fn``, called on batches with TRL's convention
+    ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1 each); the reward is the weighted sum."""
+    reward_kwargs: dict[str, Any] | list[dict[str, Any]] | None = None
+    """Extra keyword arguments: one mapping for every function, or a list with one per function."""
+    reward_style: Literal["trl", "verl"] = "trl"
+    """``trl``: batched functions as above. ``verl``: ``compute_score(data_source, solution_str,
+    ground_truth, extra_info)`` called per sample, with ``ground_truth`` from ``reward_model.ground_truth``."""
+    answer_column: str | None = None
+    """Column with a reference answer, shown beside completions in ``samples.jsonl``."""
+    success_threshold: float | None = None
+    """A reward at or above this counts as a success, which enables pass@k and maj@k at evaluation."""
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> DatasetTaskConfig:
+        n = len(self.reward_funcs)
+        if self.reward_weights is not None and len(self.reward_weights) != n:
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} entries for {n} reward_funcs")
+        if isinstance(self.reward_kwargs, list) and len(self.reward_kwargs) != n:
+            raise ValueError(f"reward_kwargs has {len(self.reward_kwargs)} entries for {n} reward_funcs")
+        return self
+
+
+GSM8K_TEMPLATE = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
+
+
+class GSM8KTaskConfig(_DataTaskConfig):
+    name: Literal["gsm8k"] = "gsm8k"
+    """Task type. ``gsm8k``: grade-school math word problems, reward 1 for the right final number."""
+    path: str = "openai/gsm8k"
+    """Hub id, or a local file or folder in GSM8K's schema (``question``, ``answer`` ending in ``#### N``)."""
+    config: str | None = "main"
+    """Hub configuration (``main``; ``socratic`` is the other)."""
+    eval_split: str | None = "test"
+    """Split to evaluate on (GSM8K's 1,319 test problems)."""
+    max_prompt_tokens: int | None = Field(256, ge=1)
+    """Longer prompts are dropped at load (the paper's setting: 256)."""
+    template: str = GSM8K_TEMPLATE
+    """Prompt template with a ``{question}`` field; the default is the paper's."""
+    question_column: str = "question"
+    """Column with the problem text."""
+    answer_column: str = "answer"
+    """Column with the reference solution; its final number follows ``####`` (a bare number also works)."""
+    grader: Literal["last_number", "math_verify"] = "last_number"
+    """``last_number``: the paper's grader (last number, commas removed, float equality). ``math_verify``:
+    the ``math-verify`` package (``pip install 'tba[math]'``)."""
+
+    @model_validator(mode="after")
+    def _check_template(self) -> GSM8KTaskConfig:
+        if "{question}" not in self.template:
+            raise ValueError("template needs a {question} field")
+        return self
+
+
+TaskConfig = Annotated[ArithmeticTaskConfig | DatasetTaskConfig | GSM8KTaskConfig, Field(discriminator="name")]
+"""One config class per task type; ``task.name`` picks it. Adding a task: a class here (with a
+``name`` literal) and a module in ``tba.tasks`` registered under that name."""
+TASK_NAMES = ("arithmetic", "dataset", "gsm8k")
+
+
 class GenerationConfig(_Section):
     backend: Literal["hf"] = "hf"
     """Generation backend: ``hf`` (transformers ``generate``)."""
     group_size: int = Field(8, ge=2)
-    """K: completions sampled per prompt (one group)."""
+    """K: completions per prompt in a training group."""
+    samples_per_prompt: int | None = Field(None, ge=2)
+    """S: completions a searcher generates per prompt (at least K; the paper uses 24 for K = 20); all go
+    to the buffer, which gives the trainer K of them. Default: K."""
     prompts_per_batch: int = Field(16, ge=1)
     """Prompts a searcher takes per generation batch."""
     temperature: float = Field(0.7, gt=0)
@@ -101,6 +203,12 @@ class GenerationConfig(_Section):
     """Completion length limit in tokens; completions cut here count as unfinished."""
     unfinished_reward: float | None = None
     """Reward for completions without EOS (e.g. -1 as for TL;DR); default: the task's reward."""
+
+    @model_validator(mode="after")
+    def _check_samples(self) -> GenerationConfig:
+        if self.samples_per_prompt is not None and self.samples_per_prompt < self.group_size:
+            raise ValueError(f"samples_per_prompt {self.samples_per_prompt} is below group_size {self.group_size}")
+        return self
 
 
 class ObjectiveConfig(_Section):
@@ -168,6 +276,10 @@ class TrainerConfig(_Section):
     """Linear learning-rate warmup over this many steps (from lr/(warmup_steps+1) up to lr)."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
     """After warmup: constant, or cosine / linear decay to ``min_lr_ratio`` at the last step."""
+    lr_stable_steps: int = Field(0, ge=0)
+    """Steps at the peak learning rate after warmup, before the decay starts."""
+    lr_decay_steps: int | None = Field(None, ge=1)
+    """Length of the decay; default: until the last step (a longer one is cut where training ends)."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Floor of the decayed learning rate, as a fraction of ``lr``."""
     grad_clip: float | None = Field(1.0, gt=0)
@@ -184,7 +296,24 @@ class EvalConfig(_Section):
     max_new_tokens: int | None = None
     """Generation limit at evaluation; default: generation.max_new_tokens."""
     batch_size: int = Field(256, ge=1)
-    """Prompts per greedy generation batch at evaluation."""
+    """Sequences per generation batch at evaluation."""
+    limit: int | None = Field(None, ge=1)
+    """Evaluate on the first N problems of the evaluation split only; default: all of them."""
+    samples: int = Field(1, ge=1)
+    """n > 1 also samples n completions per problem (at generation.temperature and top_p) for pass@k
+    and maj@k; needs a task with a success score (arithmetic, gsm8k, or task.success_threshold)."""
+    pass_k: list[int] = [1]
+    """The k of pass@k and maj@k (each at most ``samples``), estimated without bias from n samples."""
+    log_samples: int = Field(4, ge=0)
+    """Prompts whose greedy completions, with scores, go to ``samples.jsonl`` at each evaluation."""
+
+    @model_validator(mode="after")
+    def _check_k(self) -> EvalConfig:
+        if self.samples > 1:
+            bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
+            if bad:
+                raise ValueError(f"pass_k {bad} must lie between 1 and samples={self.samples}")
+        return self
 
 
 class RuntimeConfig(_Section):
@@ -217,7 +346,7 @@ class LoggingConfig(_Section):
 class Config(_Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
-    task: ArithmeticTaskConfig = ArithmeticTaskConfig()
+    task: TaskConfig = ArithmeticTaskConfig()
     generation: GenerationConfig = GenerationConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     buffer: BufferConfig = BufferConfig()
@@ -225,6 +354,14 @@ class Config(_Section):
     eval: EvalConfig = EvalConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_task_name(cls, data: Any) -> Any:
+        # A task section without a name keeps the default task, so `--task.digits=1` still works.
+        if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
+            data = {**data, "task": {"name": "arithmetic", **data["task"]}}
+        return data
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
@@ -277,7 +414,10 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = list(e["loc"])
+        if len(loc) > 1 and loc[0] == "task" and loc[1] in TASK_NAMES:
+            del loc[1]  # the union's tag: the user wrote task.path, not task.dataset.path
+        path = ".".join(str(p) for p in loc) or "(top level)"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
         lines.append(f"  {path}: {msg} (got {e.get('input')!r})")
     return "invalid configuration:\n" + "\n".join(lines)

@@ -11,7 +11,10 @@ from rich.table import Table
 
 
 class RunDisplay:
-    def __init__(self, total_steps: int, enabled: bool = True, console: Console | None = None):
+    def __init__(
+        self, total_steps: int, enabled: bool = True, console: Console | None = None, eval_key: str = "eval/accuracy"
+    ):
+        self.eval_key = eval_key
         self.console = console or Console(stderr=True)
         self.live = enabled and self.console.is_terminal
         self.enabled = enabled
@@ -44,7 +47,7 @@ class RunDisplay:
         shown = {
             "train/loss": ("loss", "{:.3g}"),
             "train/reward_mean": ("reward", "{:.2f}"),
-            "eval/accuracy": ("eval", "{:.1%}"),
+            self.eval_key: ("eval", "{:.1%}" if self.eval_key == "eval/accuracy" else "{:.3f}"),
             "train/lag_mean": ("lag", "{:.1f}"),
         }
         for key, (label, fmt) in shown.items():
@@ -52,7 +55,7 @@ class RunDisplay:
                 self.figures[label] = fmt.format(metrics[key])
         text = "  ".join(f"{k} {v}" for k, v in self.figures.items())
         self._progress.update(self._task, completed=step, figures=text)
-        if not self.live and self.enabled and "eval/accuracy" in metrics:
+        if not self.live and self.enabled and self.eval_key in metrics:
             print(f"step {step}/{self.total}  {text}", file=sys.stderr, flush=True)
 
 

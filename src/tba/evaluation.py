@@ -1,31 +1,101 @@
-"""Greedy evaluation of a policy on a task's held-out split."""
+"""Evaluation of a policy on a task's held-out split, the same for every task.
+
+- Greedy: one completion per problem; ``eval/<metric>`` is the mean task score (accuracy for
+  arithmetic and GSM8K, reward for a dataset task), ``eval/completion_len`` the mean length in
+  tokens.
+- Sampled (``eval.samples = n > 1``): n completions per problem at the sampling temperature;
+  ``eval/pass@k`` is the unbiased estimator of Chen et al. (2021) from n samples, ``eval/maj@k``
+  the expected correctness of a majority vote over k of them (answers from ``task.answer_key``).
+  Both need a task whose scores are successes.
+- A few problems with their greedy completions and scores are returned for ``samples.jsonl``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.models.loading import encode_prompts
+from tba.rewards import RewardStats
 from tba.tasks.base import Task
+
+
+@dataclass
+class EvalSettings:
+    max_new_tokens: int
+    limit: int | None = None  # first N problems only
+    samples: int = 1  # n completions per problem for pass@k / maj@k (1: greedy only)
+    pass_k: tuple[int, ...] = (1,)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    log_samples: int = 4  # problems whose completions are returned for samples.jsonl
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    samples: list[dict] = field(default_factory=list)
 
 
 def evaluate(
     task: Task,
     generator: Generator,
     tokenizer,
-    max_new_tokens: int,
+    settings: EvalSettings,
     chat_template: bool | None = None,
     eos_ids: set[int] | None = None,
-) -> dict[str, float]:
-    """``eval/<metric>`` (mean score of greedy completions) and ``eval/completion_len``."""
-    prompts = task.eval_prompts()
-    ids = encode_prompts(tokenizer, [p.text for p in prompts], chat_template)
-    outs = generator.generate(ids, SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens))
+) -> EvalResult:
+    prompts = task.eval_prompts()[: settings.limit]
+    ids = encode_prompts(tokenizer, prompts, chat_template)
     eos = eos_ids or {tokenizer.eos_token_id}
-    scores, lengths = [], []
-    for prompt, (out,) in zip(prompts, outs, strict=True):
-        text = tokenizer.decode([t for t in out.token_ids if t not in eos], skip_special_tokens=True)
-        scores.append(task.score(prompt, text))
-        lengths.append(len(out.token_ids))
-    return {
-        f"eval/{task.eval_metric}": sum(scores) / len(scores),
-        "eval/completion_len": sum(lengths) / len(lengths),
+    stats = RewardStats()
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=settings.max_new_tokens)
+    outs = [o[0] for o in generator.generate(ids, greedy)]
+    texts = _decode(tokenizer, [o.token_ids for o in outs], eos)
+    scores = task.scores(prompts, texts, [o.token_ids for o in outs], stats)
+    scored = [s for s in scores if s is not None]
+    metrics = {
+        f"eval/{task.eval_metric}": sum(scored) / len(scored) if scored else float("nan"),
+        "eval/completion_len": sum(len(o.token_ids) for o in outs) / len(outs),
+        "eval/problems": float(len(prompts)),
     }
+    if len(scored) < len(scores):
+        metrics["eval/unscored"] = float(len(scores) - len(scored))
+    if settings.samples > 1:
+        metrics.update(_sampled(task, generator, tokenizer, prompts, ids, eos, settings, stats))
+    samples = [
+        {"id": p.id, "prompt": p.text, "completion": t, "score": s, "answer": p.answer}
+        for p, t, s in list(zip(prompts, texts, scores, strict=True))[: settings.log_samples]
+    ]
+    return EvalResult(metrics, samples)
+
+
+def _sampled(task: Task, generator, tokenizer, prompts, ids, eos, settings: EvalSettings, stats) -> dict[str, float]:
+    if not task.success_scores:
+        raise ValueError(
+            f"eval.samples={settings.samples} needs a task whose scores are successes; "
+            "for a dataset task set task.success_threshold"
+        )
+    n = settings.samples
+    params = SamplingParams(
+        n=n, temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens
+    )
+    outs = [c for group in generator.generate(ids, params) for c in group]  # [problems * n], per problem consecutive
+    texts = _decode(tokenizer, [o.token_ids for o in outs], eos)
+    flat_prompts = [p for p in prompts for _ in range(n)]
+    scores = task.scores(flat_prompts, texts, [o.token_ids for o in outs], stats)
+    problems = []
+    for i in range(len(prompts)):
+        part = slice(i * n, (i + 1) * n)
+        keys = [task.answer_key(t) for t in texts[part]]
+        wins = [1.0 if s is not None and task.is_success(s) else 0.0 for s in scores[part]]
+        problems.append((keys, wins))
+    found = sampled_metrics(problems, list(settings.pass_k))
+    out = {f"eval/{name}": value for name, value in found.items() if name != "mean_score"}
+    out["eval/sampled_success"] = found["mean_score"]
+    return out
+
+
+def _decode(tokenizer, token_ids: list[list[int]], eos: set[int]) -> list[str]:
+    return tokenizer.batch_decode([[t for t in ids if t not in eos] for ids in token_ids], skip_special_tokens=True)

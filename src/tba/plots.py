@@ -6,15 +6,17 @@ from pathlib import Path
 
 from tba.metrics import read_metrics
 
-PANELS = [
-    ("train/reward_mean", "reward (train batch)"),
-    ("eval/accuracy", "eval accuracy (greedy)"),
-    ("train/loss", "TB loss"),
-    ("train/kl", "KL to reference (per sequence)"),
-]
+
+def panels(eval_key: str) -> list[tuple[str, str]]:
+    return [
+        ("train/reward_mean", "reward (train batch)"),
+        (eval_key, f"eval {eval_key.split('/', 1)[1]} (greedy)"),
+        ("train/loss", "TB loss"),
+        ("train/kl", "KL to reference (per sequence)"),
+    ]
 
 
-def plot_run(run_dir: Path) -> Path | None:
+def plot_run(run_dir: Path, eval_key: str = "eval/accuracy") -> Path | None:
     """Write ``plots/training.png``; returns its path, or None if matplotlib is missing."""
     try:
         import matplotlib
@@ -25,7 +27,7 @@ def plot_run(run_dir: Path) -> Path | None:
         return None
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
+    for ax, (key, title) in zip(axes.flat, panels(eval_key), strict=True):
         points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if points:
             xs, ys = zip(*points, strict=True)

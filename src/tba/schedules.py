@@ -22,18 +22,23 @@ def lr_multiplier(
     warmup_steps: int = 0,
     schedule: str = "constant",
     min_ratio: float = 0.0,
+    stable_steps: int = 0,
+    decay_steps: int | None = None,
 ) -> float:
     """Multiplier of the peak learning rate for optimizer step ``step`` (0-based).
 
     Linear warmup from 1/(warmup+1) to 1 over ``warmup_steps`` (so step 0 is not wasted at lr 0),
-    then constant, or cosine / linear decay to ``min_ratio`` at the last step.
+    ``stable_steps`` at the peak, then constant, or cosine / linear decay to ``min_ratio`` over
+    ``decay_steps`` (default: until the last step; a longer span is cut where training ends, as in
+    the paper's GSM8K schedule: 50 warmup, 350 stable, cosine over 600, cut at 700).
     """
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
-    if schedule == "constant":
+    start = warmup_steps + stable_steps
+    if schedule == "constant" or step < start:
         return 1.0
-    span = max(total_steps - 1 - warmup_steps, 1)
-    frac = min((step - warmup_steps) / span, 1.0)
+    span = max(decay_steps if decay_steps is not None else total_steps - 1 - start, 1)
+    frac = min((step - start) / span, 1.0)
     if schedule == "cosine":
         decay = 0.5 * (1.0 + math.cos(math.pi * frac))
     elif schedule == "linear":

@@ -5,10 +5,11 @@ One call of :meth:`Searcher.step` is one generation batch:
     pull newest weights if any → take prompts → generate K each → reward → reference log-probs
     → return groups (the runtime sends them to the trainer)
 
-Each group is tagged with the version of the weights that generated it. Per-sample problems (a
-reward function that raises or returns NaN, an empty completion) drop that completion and are
-counted; a group left with fewer than two completions carries no learning signal for trajectory
-balance and is dropped too.
+Each group is tagged with the version of the weights that generated it. Rewards come from one
+batched call of the task for the whole generation batch. Per-sample problems (a reward function
+that raises or returns NaN, a sample no function scored, an empty completion) drop that
+completion and are counted; a group left with fewer than two completions carries no learning
+signal for trajectory balance and is dropped too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from tba.generation.base import Generator, SamplingParams
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
-from tba.rewards import RewardStats, safe_reward
+from tba.rewards import RewardStats
 from tba.tasks.base import Prompt, Task
 from tba.types import RolloutGroup
 from tba.weights import WeightStore
@@ -94,34 +95,43 @@ class Searcher:
         if self.version < 0:
             raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
         prompts = self.task.sample_prompts(self.prompts_per_batch, self.rng)
-        prompt_ids = encode_prompts(self.tokenizer, [p.text for p in prompts], self.chat_template)
+        prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
         outputs = self.generator.generate(prompt_ids, self.params)
-        kept = [self._score(p, outs) for p, outs in zip(prompts, outputs, strict=True)]
+        kept = self._score(prompts, outputs)
         rewards = [item[1] for items in kept for item in items]
         # Mean reward of what this batch sampled (before the buffer deduplicates anything): the
         # plainest measure of how the sampling policy is doing.
         self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
         return self._with_ref_logps(prompts, prompt_ids, kept)
 
-    def _score(self, prompt: Prompt, outs) -> list[tuple[list[int], float, bool, list[float] | None]]:
-        """(token ids, reward, finished, sampler token log-probs) of the usable completions of one prompt."""
-        kept = []
-        for out in outs:
-            self.stats.completions += 1
-            self.stats.tokens += len(out.token_ids)
-            content = [t for t in out.token_ids if t not in self.eos_ids]
-            if not content:
-                self.stats.empty += 1
-                continue
-            if not out.finished:
-                self.stats.unfinished += 1
-                if self.unfinished_reward is not None:
-                    kept.append((out.token_ids, self.unfinished_reward, False, out.token_logps))
+    def _score(self, prompts: list[Prompt], outputs) -> list[list[tuple[list[int], float, bool, list[float] | None]]]:
+        """Per prompt, (token ids, reward, finished, sampler token log-probs) of its usable completions.
+
+        Empty completions are dropped; unfinished ones get ``unfinished_reward`` when it is set;
+        everything else is scored in one batched call of the task."""
+        kept: list[list] = [[] for _ in prompts]
+        to_score = []  # (prompt index, completion)
+        for i, outs in enumerate(outputs):
+            for out in outs:
+                self.stats.completions += 1
+                self.stats.tokens += len(out.token_ids)
+                if not any(t not in self.eos_ids for t in out.token_ids):
+                    self.stats.empty += 1
                     continue
-            text = self.tokenizer.decode(content, skip_special_tokens=True)
-            reward = safe_reward(lambda p=prompt, t=text: self.task.reward(p, t), self.reward_stats)
-            if reward is not None:
-                kept.append((out.token_ids, reward, out.finished, out.token_logps))
+                if not out.finished:
+                    self.stats.unfinished += 1
+                    if self.unfinished_reward is not None:
+                        kept[i].append((out.token_ids, self.unfinished_reward, False, out.token_logps))
+                        continue
+                to_score.append((i, out))
+        if to_score:
+            content = [[t for t in out.token_ids if t not in self.eos_ids] for _, out in to_score]
+            texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
+            batch_prompts = [prompts[i] for i, _ in to_score]
+            rewards = self.task.rewards(batch_prompts, texts, [out.token_ids for _, out in to_score], self.reward_stats)
+            for (i, out), reward in zip(to_score, rewards, strict=True):
+                if reward is not None:
+                    kept[i].append((out.token_ids, reward, out.finished, out.token_logps))
         return kept
 
     @torch.no_grad()
@@ -175,5 +185,12 @@ class Searcher:
             "searcher/version": float(self.version),
             "searcher/reward_mean": self.last_reward_mean,
         }
-        out.update(self.reward_stats.as_metrics())
+        out.update(self.reward_stats.metrics())
         return out
+
+    def new_errors(self) -> list[str]:
+        """First traceback of each failing reward function, each returned once (for ``errors.log``)."""
+        return [
+            f"searcher {self.searcher_id}, policy version {self.version}: {e}"
+            for e in self.reward_stats.take_new_errors()
+        ]

@@ -58,7 +58,15 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lambda s: lr_multiplier(s, cfg.steps, cfg.warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio),
+            lambda s: lr_multiplier(
+                s,
+                cfg.steps,
+                cfg.warmup_steps,
+                cfg.lr_schedule,
+                cfg.min_lr_ratio,
+                cfg.lr_stable_steps,
+                cfg.lr_decay_steps,
+            ),
         )
 
     def ingest(self, groups: list[RolloutGroup]) -> int:

@@ -62,8 +62,15 @@ def load_causal_lm(
     return model
 
 
-def eos_ids(tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = None) -> set[int]:
-    """Every token id that ends a completion (the tokenizer's EOS and the model's, if they differ)."""
+def eos_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    model: torch.nn.Module | None = None,
+    extra_tokens: list[str] | tuple[str, ...] = (),
+    chat_template: bool | None = None,
+) -> set[int]:
+    """Every token id that ends a completion: the tokenizer's EOS, the model's generation-config
+    EOS, the chat template's end-of-turn token when prompts use the template (Qwen's
+    ``<|im_end|>`` is not its tokenizer's EOS), and ``extra_tokens`` (``model.eos_tokens``)."""
     ids = {tokenizer.eos_token_id}
     if model is not None:
         extra = getattr(model.generation_config, "eos_token_id", None)
@@ -71,25 +78,75 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module | None = 
             ids.add(extra)
         elif extra:
             ids.update(extra)
+    if tokenizer.chat_template and chat_template is not False:
+        end = end_of_turn_id(tokenizer)
+        if end is not None:
+            ids.add(end)
+    for token in extra_tokens:
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if tid is None or tid == tokenizer.unk_token_id:
+            raise ValueError(f"model.eos_tokens: {token!r} is not a token of the tokenizer")
+        ids.add(tid)
     return ids
 
 
+def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The special token the chat template puts right after an assistant message, if any: render
+    a short conversation and look at what follows the assistant's text."""
+    marker = "0 1 2"
+    try:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}], tokenize=True
+        )
+    except Exception:  # templates that reject this conversation shape: nothing found, not an error
+        return None
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    ids = list(ids)
+    content = tokenizer(marker, add_special_tokens=False)["input_ids"]
+    for start in range(len(ids) - len(content), -1, -1):
+        if ids[start : start + len(content)] == content:
+            special = set(tokenizer.all_special_ids) | {
+                i for i, t in tokenizer.added_tokens_decoder.items() if t.special
+            }
+            after = ids[start + len(content) :]
+            return next((t for t in after if t in special), None)
+    return None
+
+
 def encode_prompts(
-    tokenizer: PreTrainedTokenizerBase, texts: list[str], chat_template: bool | None = None
+    tokenizer: PreTrainedTokenizerBase, prompts: list, chat_template: bool | None = None
 ) -> list[list[int]]:
-    """Token ids of each prompt; wrapped as one user turn of the chat template when asked for
-    (or, with ``chat_template=None``, when the tokenizer has one)."""
-    use_chat = bool(tokenizer.chat_template) if chat_template is None else chat_template
-    if use_chat and not tokenizer.chat_template:
-        raise ValueError("model.chat_template=true but the tokenizer has no chat template")
-    if use_chat:
-        out = []
-        for t in texts:
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding, 4.x a list of ids
-                ids = ids["input_ids"]
-            out.append(list(ids))
-        return out
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    """Token ids of each prompt: a string, or a task ``Prompt`` (text, or chat messages).
+
+    Message lists always go through the chat template. Plain text is wrapped as one user turn when
+    ``chat_template`` is true, or, with ``chat_template=None``, when the tokenizer has a template.
+    """
+    has_template = bool(tokenizer.chat_template)
+    use_chat = has_template if chat_template is None else chat_template
+    conversations, plain = {}, {}
+    for i, p in enumerate(prompts):
+        messages = getattr(p, "messages", None)
+        text = p if isinstance(p, str) else p.text
+        if messages is not None:
+            conversations[i] = [dict(m) for m in messages]
+        elif use_chat:
+            conversations[i] = [{"role": "user", "content": text}]
+        else:
+            plain[i] = text
+    if conversations and not has_template:
+        raise ValueError(
+            "the tokenizer has no chat template, but "
+            + ("model.chat_template=true" if use_chat else "the dataset's prompts are chat messages")
+            + "; set model.tokenizer to one that has a template, or give plain-text prompts"
+        )
+    out: dict[int, list[int]] = {}
+    for i, messages in conversations.items():
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding, 4.x a list of ids
+            ids = ids["input_ids"]
+        out[i] = list(ids)
+    if plain:
+        encoded = tokenizer(list(plain.values()), add_special_tokens=True)["input_ids"]
+        out.update(zip(plain, (list(ids) for ids in encoded), strict=True))
+    return [out[i] for i in range(len(prompts))]

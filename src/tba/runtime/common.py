@@ -12,24 +12,57 @@ from rich.console import Console
 from tba.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from tba.config import Config, dump_config
 from tba.console import summary_table
-from tba.evaluation import evaluate
+from tba.evaluation import EvalSettings, evaluate
 from tba.metrics import read_metrics
-from tba.runtime.components import Components, prepare_run_dir, seed_everything
+from tba.runtime.components import Components, absolute_paths, prepare_run_dir, prepare_task, seed_everything
 
 
-def open_run(cfg: Config, console: Console) -> Path:
-    """Seed, create (or reopen, on resume) the run directory, and write the resolved config."""
+def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
+    """Check the task (before any model is loaded and before the run directory exists), seed,
+    create (or reopen, on resume) the run directory, and write the resolved config. Returns the
+    config with local paths made absolute, the run directory, and the prepared task."""
+    cfg = absolute_paths(cfg)
+    prepared = prepare_task(cfg, lambda msg: console.print(msg, highlight=False))
     seed_everything(cfg.run.seed)
     run_dir = prepare_run_dir(cfg)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     console.print(f"run directory: {run_dir}", highlight=False)
-    return run_dir
+    return cfg, run_dir, prepared
 
 
-def evaluate_policy(c: Components, cfg: Config) -> dict:
-    max_new = cfg.eval.max_new_tokens or cfg.generation.max_new_tokens
-    c.eval_generator.batch_size = cfg.eval.batch_size
-    return evaluate(c.task, c.eval_generator, c.tokenizer, max_new, cfg.model.chat_template, c.eos_ids)
+def evaluate_policy(c: Components, cfg: Config, run_dir: Path | None = None, step: int = 0) -> dict:
+    """Evaluate the trainer's policy; append a few completions with their scores to
+    ``<run>/samples.jsonl``; return the ``eval/*`` metrics."""
+    e, g = cfg.eval, cfg.generation
+    settings = EvalSettings(
+        max_new_tokens=e.max_new_tokens or g.max_new_tokens,
+        limit=e.limit,
+        samples=e.samples,
+        pass_k=tuple(e.pass_k),
+        temperature=g.temperature,
+        top_p=g.top_p,
+        log_samples=e.log_samples,
+    )
+    c.eval_generator.batch_size = e.batch_size
+    result = evaluate(c.task, c.eval_generator, c.tokenizer, settings, cfg.model.chat_template, c.eos_ids)
+    if run_dir is not None and result.samples:
+        with (run_dir / "samples.jsonl").open("a") as f:
+            for sample in result.samples:
+                f.write(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n")
+    return result.metrics
+
+
+def eval_key(c: Components) -> str:
+    """The metric that evaluation reports: ``eval/accuracy``, ``eval/reward``, ..."""
+    return f"eval/{c.task.eval_metric}"
+
+
+def log_errors(run_dir: Path, errors: list[str]) -> None:
+    """Append reward-function tracebacks to ``<run>/errors.log`` (the first of each function)."""
+    if errors:
+        with (run_dir / "errors.log").open("a") as f:
+            for text in errors:
+                f.write(text.rstrip() + "\n\n")
 
 
 def save(c: Components, run_dir: Path, extra: dict | None = None) -> Path:
@@ -75,13 +108,14 @@ def _mean(values: list[float]) -> float | None:
 
 def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra: dict | None = None) -> dict:
     history = read_metrics(run_dir / "metrics.jsonl")
-    evals = [r for r in history if r.get("eval/accuracy") is not None]
+    key = eval_key(c)
+    evals = [r for r in history if r.get(key) is not None]
     trained = [r["train/reward_mean"] for r in history if r.get("train/reward_mean") is not None]
     sampled = [r["searcher/reward_mean"] for r in history if r.get("searcher/reward_mean") is not None]
     lags = [r["train/lag_mean"] for r in history if r.get("train/lag_mean") is not None]
     summary = {
-        "eval/accuracy_initial": evals[0]["eval/accuracy"] if evals else None,
-        "eval/accuracy_final": evals[-1]["eval/accuracy"] if evals else None,
+        f"{key}_initial": evals[0][key] if evals else None,
+        f"{key}_final": evals[-1][key] if evals else None,
         "train/reward_mean_first": trained[0] if trained else None,
         "train/reward_mean_last10": _mean(trained[-10:]),
         "searcher/reward_mean_first10": _mean(sampled[:10]),
@@ -91,8 +125,11 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
         "trainer_steps": c.trainer.version,
         "runtime": cfg.runtime.type,
         "policy": c.policy_path,
+        "task": cfg.task.name,
         **(extra or {}),
     }
+    sampled_k = {k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith(("eval/pass@", "eval/maj@"))}
+    summary.update({f"{k}_final": v for k, v in sampled_k.items()})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -101,12 +138,14 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def print_summary(console: Console, s: dict, cfg: Config) -> None:
+def print_summary(console: Console, s: dict, cfg: Config, run_dir: Path | None = None) -> None:
+    key = next(k[: -len("_initial")] for k in s if k.startswith("eval/") and k.endswith("_initial"))
+    pattern = "{:.1%}" if key == "eval/accuracy" else "{:.3f}"
     rows = [
         (
-            "eval accuracy (greedy)",
-            _fmt(s["eval/accuracy_initial"], "{:.1%}"),
-            _fmt(s["eval/accuracy_final"], "{:.1%}"),
+            f"eval {key.split('/', 1)[1]} (greedy)",
+            _fmt(s[f"{key}_initial"], pattern),
+            _fmt(s[f"{key}_final"], pattern),
         ),
         (
             "sampled reward (mean of 10 batches)",
@@ -116,3 +155,28 @@ def print_summary(console: Console, s: dict, cfg: Config) -> None:
     ]
     title = f"{cfg.task.name}, {cfg.runtime.type} runtime: {s['trainer_steps']} steps in {s['wall_clock_s']:.0f} s"
     console.print(summary_table(rows, title))
+    if run_dir is not None:
+        print_samples(console, run_dir)
+        if (run_dir / "errors.log").is_file():
+            console.print(f"reward-function errors were skipped and counted; tracebacks: {run_dir / 'errors.log'}")
+
+
+def print_samples(console: Console, run_dir: Path, count: int = 3, width: int = 300) -> None:
+    """The last evaluation's first few completions: what the model writes now."""
+    path = run_dir / "samples.jsonl"
+    if not path.is_file():
+        return
+    records = read_metrics(path)
+    if not records:
+        return
+    last = [r for r in records if r["step"] == records[-1]["step"]][:count]
+    console.print(f"samples at step {last[0]['step']} (all in {path}):", highlight=False)
+    for r in last:
+        prompt = " ".join(str(r["prompt"]).split())[-width:]
+        completion = str(r["completion"]).strip()[:width]
+        answer = f"  (reference: {r['answer']})" if r.get("answer") is not None else ""
+        console.print(
+            f"  prompt: {prompt}\n  completion: {completion}\n  score: {r['score']}{answer}",
+            highlight=False,
+            markup=False,
+        )

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from tba.buffer import ReplayBuffer
-from tba.config import Config
+from tba.config import ArithmeticTaskConfig, Config
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer, resolve_device
-from tba.models.tiny import BUILTIN_PREFIX, ensure_tiny_model
+from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_model
 from tba.searcher import Searcher
 from tba.tasks import Task, build_task
 from tba.trainer import Trainer
@@ -37,7 +37,9 @@ def resolve_model_path(name: str, cfg: Config, log=print) -> str:
         return name
     if name != "builtin:tiny-arithmetic":
         raise ValueError(f"unknown built-in model {name!r}; built in: builtin:tiny-arithmetic")
-    return str(ensure_tiny_model(cfg.task, cfg.model.cache_dir, log=log))
+    # Warm-started on the arithmetic task's setting; other tasks get the default demo model.
+    warm = cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig()
+    return str(ensure_tiny_model(warm, cfg.model.cache_dir, log=log))
 
 
 @dataclass
@@ -78,11 +80,40 @@ def make_buffer(cfg: Config) -> ReplayBuffer:
     )
 
 
+def completion_eos(cfg: Config, tokenizer, model) -> set[int]:
+    return eos_ids(tokenizer, model, cfg.model.eos_tokens, cfg.model.chat_template)
+
+
+def make_task(cfg: Config, tokenizer=None, log=print) -> Task:
+    return build_task(cfg.task, tokenizer=tokenizer, chat_template=cfg.model.chat_template, log=log)
+
+
+def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
+    """The task and the tokenizer, checked before any model is loaded (or, for the demo model,
+    built): the dataset loads, its prompts fit, and the reward functions score two evaluation
+    rows. Raises with a message that says what to fix."""
+    quiet_transformers()
+    m = cfg.model
+    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):
+        tokenizer = build_char_tokenizer()  # the demo model's tokenizer, without building the model
+    else:
+        tokenizer = load_tokenizer(m.tokenizer or m.policy, m.trust_remote_code)
+    task = make_task(cfg, tokenizer, log)
+    task.check()
+    if cfg.eval.samples > 1 and not task.success_scores:
+        raise ValueError(
+            f"eval.samples={cfg.eval.samples} asks for pass@k, which needs a success score: "
+            "set task.success_threshold (a reward at or above it is a success)"
+        )
+    log(task.describe())
+    return task, tokenizer
+
+
 def make_searcher(
     cfg: Config, task: Task, tokenizer, sampler: torch.nn.Module, reference, weights: WeightStore, searcher_id: int = 0
 ) -> Searcher:
     g = cfg.generation
-    eos = eos_ids(tokenizer, sampler)
+    eos = completion_eos(cfg, tokenizer, sampler)
     return Searcher(
         task,
         tokenizer,
@@ -90,7 +121,7 @@ def make_searcher(
         reference,
         weights,
         SamplingParams(
-            n=g.group_size,
+            n=g.samples_per_prompt or g.group_size,
             temperature=g.temperature,
             top_p=g.top_p,
             max_new_tokens=g.max_new_tokens,
@@ -114,24 +145,31 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     policy_path, ref_path = model_paths(cfg, log)
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
+    task = make_task(cfg, tokenizer, log)
+    task.setup(device)  # task-owned models live in searcher processes, never in the trainer
     sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
     reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
-    return make_searcher(cfg, build_task(cfg.task), tokenizer, sampler, reference, weights, searcher_id)
+    return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id)
 
 
 def build_components(
-    cfg: Config, log=print, weights: WeightStore | None = None, with_searcher: bool = True
+    cfg: Config,
+    log=print,
+    weights: WeightStore | None = None,
+    with_searcher: bool = True,
+    prepared: tuple[Task, object] | None = None,
 ) -> Components:
     """Everything one process needs: the trainer side, and (for the sync runtime) a searcher that
-    shares the process but samples from its own copy of the policy."""
+    shares the process but samples from its own copy of the policy. ``prepared`` is what
+    :func:`prepare_task` returned, if the caller checked the task already."""
     quiet_transformers()
     device = resolve_device(cfg.run.device)
-    task = build_task(cfg.task)
+    task, _ = prepared or prepare_task(cfg, log)
     policy_path, ref_path = model_paths(cfg, log)
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
     policy = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code)
-    eos = eos_ids(tokenizer, policy)
+    eos = completion_eos(cfg, tokenizer, policy)
     pad = tokenizer.pad_token_id
     weights = weights or LocalWeightStore()
     buffer = make_buffer(cfg)
@@ -150,12 +188,36 @@ def build_components(
     if with_searcher:
         # The searcher samples from its own copy of the policy, refreshed only when the trainer
         # publishes, so its data is tagged with the version that really produced it.
+        task.setup(device)
         reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
         sampler = copy.deepcopy(policy).eval().requires_grad_(False)
         searcher = make_searcher(cfg, task, tokenizer, sampler, reference, weights)
     return Components(
         task, tokenizer, policy, buffer, trainer, searcher, HFGenerator(policy, pad, eos), eos, policy_path
     )
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """Local dataset files and reward-function files as absolute paths, so that searcher
+    processes (whose working directory may differ) and a repeated run find them."""
+    t = cfg.task
+    updates: dict = {}
+    for key in ("path", "eval_path"):
+        value = getattr(t, key, None)
+        if value and Path(value).expanduser().exists():
+            updates[key] = str(Path(value).expanduser().resolve())
+    funcs = getattr(t, "reward_funcs", None)
+    if funcs:
+        resolved = []
+        for spec in funcs:
+            file, sep, fn = spec.rpartition(":")
+            if sep and file.endswith(".py") and Path(file).expanduser().is_file():
+                spec = f"{Path(file).expanduser().resolve()}:{fn}"
+            resolved.append(spec)
+        updates["reward_funcs"] = resolved
+    if not updates:
+        return cfg
+    return cfg.model_copy(update={"task": t.model_copy(update=updates)})
 
 
 def prepare_run_dir(cfg: Config) -> Path:

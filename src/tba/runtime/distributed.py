@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,16 @@ from tba.config import Config, build_config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.plots import plot_run
-from tba.runtime.common import evaluate_policy, open_run, print_summary, resume, save, write_summary
+from tba.runtime.common import (
+    eval_key,
+    evaluate_policy,
+    log_errors,
+    open_run,
+    print_summary,
+    resume,
+    save,
+    write_summary,
+)
 from tba.runtime.components import Components, build_components, build_searcher, model_paths, seed_everything
 from tba.runtime.errors import SearcherFailed
 
@@ -83,16 +93,19 @@ class Inbox:
     def __init__(self) -> None:
         self.groups: list = []
         self.stats: dict[int, dict] = {}
+        self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
         self.running = True
 
-    def put(self, searcher_id: int, groups: list, stats: dict) -> bool:
+    def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
         self.groups.extend(groups)
         self.stats[searcher_id] = stats
+        self.errors.extend(errors)
         return self.running  # False tells the searcher to stop
 
-    def drain(self) -> tuple[list, dict[int, dict]]:
+    def drain(self) -> tuple[list, dict[int, dict], list[str]]:
         groups, self.groups = self.groups, []
-        return groups, dict(self.stats)
+        errors, self.errors = self.errors, []
+        return groups, dict(self.stats), errors
 
     def stop(self) -> None:
         self.running = False
@@ -100,8 +113,10 @@ class Inbox:
 
 @ray.remote
 class SearcherWorker:
-    def __init__(self, cfg_data: dict, searcher_id: int, board, inbox, threads: int) -> None:
+    def __init__(self, cfg_data: dict, searcher_id: int, board, inbox, threads: int, driver_cwd: str = "") -> None:
         torch.set_num_threads(threads)
+        if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
+            sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
         cfg = build_config(cfg_data)
         seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
         self.searcher = build_searcher(cfg, RayWeightStore(board), searcher_id, log=lambda msg: None)
@@ -121,7 +136,8 @@ class SearcherWorker:
                 "elapsed_s": time.perf_counter() - start,
                 "node": self.node,
             }
-            if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats)):
+            errors = self.searcher.new_errors()
+            if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
                 return batches
 
 
@@ -150,7 +166,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     console = console or Console(stderr=True)
     start = time.time()
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    run_dir = open_run(cfg, console)
+    cfg, run_dir, prepared = open_run(cfg, console)
     model_paths(cfg, log)  # builds the demo model on first use, on every core, before the split
     torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
     started_ray = _init_ray(cfg)
@@ -158,7 +174,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     inbox = None
     try:
         board, inbox = WeightBoard.remote(), Inbox.remote()
-        c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False)
+        c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
         resumed = cfg.run.resume and resume(c, run_dir, log)
         metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, start_time=start)
         r = cfg.runtime
@@ -169,13 +185,13 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         actors = [
             SearcherWorker.options(
                 num_cpus=r.searcher_cpus, num_gpus=r.searcher_gpus, resources=dict(r.searcher_resources)
-            ).remote(cfg_data, i, board, inbox, threads)
+            ).remote(cfg_data, i, board, inbox, threads, os.getcwd())
             for i in range(r.num_searchers)
         ]
         c.trainer.publish()  # searchers start from the trainer's weights
         initial = {}
         if not resumed:
-            initial = evaluate_policy(c, cfg)
+            initial = evaluate_policy(c, cfg, run_dir, 0)
             metrics.log(0, initial)
         runs = [a.run.remote() for a in actors]
         log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s)")
@@ -190,8 +206,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         if started_ray:
             ray.shutdown()
     summary = write_summary(run_dir, c, cfg, start, extra)
-    plot_run(run_dir)
-    print_summary(console, summary, cfg)
+    plot_run(run_dir, eval_key(c))
+    print_summary(console, summary, cfg, run_dir)
     return run_dir, summary
 
 
@@ -205,9 +221,10 @@ def _check_searchers(runs: list) -> None:
         raise SearcherFailed("a searcher stopped unexpectedly; the run stops")
 
 
-def _drain(c: Components, inbox) -> dict[int, dict]:
-    groups, stats = ray.get(inbox.drain.remote())
+def _drain(c: Components, inbox, run_dir: Path) -> dict[int, dict]:
+    groups, stats, errors = ray.get(inbox.drain.remote())
     c.trainer.ingest(groups)
+    log_errors(run_dir, errors)
     return stats
 
 
@@ -225,7 +242,14 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/version_min": float(min(s["searcher/version"] for s in stats.values())),
         "searcher/reward_errors": float(sum(s["searcher/reward_errors"] for s in stats.values())),
         "searcher/empty_completions": float(sum(s["searcher/empty_completions"] for s in stats.values())),
+        "searcher/no_reward": float(sum(s.get("searcher/no_reward", 0.0) for s in stats.values())),
     }
+    per_fn: dict[str, list[float]] = {}
+    for s in stats.values():
+        for key, value in s.items():
+            if key.startswith("reward/") and value is not None and math.isfinite(value):
+                per_fn.setdefault(key, []).append(value)
+    out.update({key: sum(v) / len(v) for key, v in per_fn.items()})
     if rewards:
         out["searcher/reward_mean"] = sum(rewards) / len(rewards)
     return out
@@ -236,13 +260,14 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
     min_groups = cfg.buffer.min_groups or batch
     while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(batch):  # the only wait
         _check_searchers(runs)
-        _drain(c, inbox)
+        _drain(c, inbox, run_dir)
         time.sleep(0.05)
     loop_start, busy_s, paused_s, samples, last_stats = time.perf_counter(), 0.0, 0.0, 0, {}
-    with RunDisplay(cfg.trainer.steps, cfg.logging.progress) as display:
+    key = eval_key(c)
+    with RunDisplay(cfg.trainer.steps, cfg.logging.progress, eval_key=key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
-            last_stats = _drain(c, inbox) or last_stats
+            last_stats = _drain(c, inbox, run_dir) or last_stats
             _check_searchers(runs)
             t0 = time.perf_counter()
             record = trainer.step()
@@ -255,12 +280,12 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             record["trainer/samples_per_s"] = samples / max(active_s, 1e-9)
             t1 = time.perf_counter()  # evaluation and checkpoints pause training: not counted
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
-                record.update(evaluate_policy(c, cfg))
+                record.update(evaluate_policy(c, cfg, run_dir, step))
             every = cfg.trainer.checkpoint_every
             if (every and step % every == 0) or step == cfg.trainer.steps:
                 save(c, run_dir)
             paused_s += time.perf_counter() - t1
-            if step % cfg.logging.every == 0 or "eval/accuracy" in record:
+            if step % cfg.logging.every == 0 or key in record:
                 metrics.log(step, record)
             display.update(step, record)
     active_s = time.perf_counter() - loop_start - paused_s

@@ -19,7 +19,16 @@ from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.plots import plot_run
-from tba.runtime.common import evaluate_policy, open_run, print_summary, resume, save, write_summary
+from tba.runtime.common import (
+    eval_key,
+    evaluate_policy,
+    log_errors,
+    open_run,
+    print_summary,
+    resume,
+    save,
+    write_summary,
+)
 from tba.runtime.components import Components, build_components
 
 
@@ -28,23 +37,23 @@ def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     start = time.time()
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    run_dir = open_run(cfg, console)
+    cfg, run_dir, prepared = open_run(cfg, console)
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    c = build_components(cfg, log)
+    c = build_components(cfg, log, prepared=prepared)
     resumed = cfg.run.resume and resume(c, run_dir, log)
     metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, start_time=start)
     try:
         c.trainer.publish()  # the searcher starts from the trainer's weights
         initial = {}
         if not resumed:
-            initial = evaluate_policy(c, cfg)
+            initial = evaluate_policy(c, cfg, run_dir, 0)
             metrics.log(0, initial)
         _train(c, cfg, run_dir, metrics, initial)
     finally:
         metrics.close()  # whatever happened, what was logged stays on disk
     summary = write_summary(run_dir, c, cfg, start)
-    plot_run(run_dir)
-    print_summary(console, summary, cfg)
+    plot_run(run_dir, eval_key(c))
+    print_summary(console, summary, cfg, run_dir)
     return run_dir, summary
 
 
@@ -53,19 +62,22 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
     min_groups = cfg.buffer.min_groups or cfg.trainer.batch_prompts
     while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(cfg.trainer.batch_prompts):
         trainer.ingest(searcher.step())
-    with RunDisplay(cfg.trainer.steps, cfg.logging.progress) as display:
+        log_errors(run_dir, searcher.new_errors())
+    key = eval_key(c)
+    with RunDisplay(cfg.trainer.steps, cfg.logging.progress, eval_key=key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
             gen_start = time.perf_counter()
             trainer.ingest(searcher.step())
+            log_errors(run_dir, searcher.new_errors())
             gen_s = time.perf_counter() - gen_start
             record = trainer.step()
             step = trainer.version
             record["searcher/generate_s"] = gen_s
             record.update(searcher.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
-                record.update(evaluate_policy(c, cfg))
-            if step % cfg.logging.every == 0 or "eval/accuracy" in record:
+                record.update(evaluate_policy(c, cfg, run_dir, step))
+            if step % cfg.logging.every == 0 or key in record:
                 metrics.log(step, record)
             display.update(step, record)
             every = cfg.trainer.checkpoint_every

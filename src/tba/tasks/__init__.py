@@ -1,15 +1,39 @@
-"""Tasks: where prompts, answers and rewards come from."""
+"""Tasks: where prompts come from, what rewards completions, what evaluation measures.
+
+Each task type is one module here and one config class in ``tba.config`` (``task.name`` picks
+both). ``build_task(cfg.task, tokenizer=...)`` returns the task; the tokenizer is needed only to
+drop prompts longer than ``task.max_prompt_tokens``.
+"""
 
 from __future__ import annotations
 
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.base import Prompt, Task
 
-__all__ = ["ArithmeticTask", "Prompt", "Task", "build_task"]
+__all__ = ["ArithmeticTask", "Prompt", "Task", "build_task", "TASKS"]
 
 
-def build_task(cfg) -> Task:
+def _arithmetic(cfg, **_) -> Task:
+    return ArithmeticTask(cfg.digits, cfg.operators, cfg.eval_size, cfg.seed)
+
+
+def _dataset(cfg, **kwargs) -> Task:
+    from tba.tasks.dataset import DatasetTask  # imports datasets: only when asked for
+
+    return DatasetTask(cfg, **kwargs)
+
+
+def _gsm8k(cfg, **kwargs) -> Task:
+    from tba.tasks.gsm8k import GSM8KTask
+
+    return GSM8KTask(cfg, **kwargs)
+
+
+TASKS = {"arithmetic": _arithmetic, "dataset": _dataset, "gsm8k": _gsm8k}
+
+
+def build_task(cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None) -> Task:
     """The task named by ``cfg.name`` (a ``config.*TaskConfig``)."""
-    if cfg.name == "arithmetic":
-        return ArithmeticTask(cfg.digits, cfg.operators, cfg.eval_size, cfg.seed)
-    raise ValueError(f"unknown task {cfg.name!r}; built in: arithmetic")
+    if cfg.name not in TASKS:
+        raise ValueError(f"unknown task {cfg.name!r}; built in: {', '.join(TASKS)}")
+    return TASKS[cfg.name](cfg, tokenizer=tokenizer, chat_template=chat_template, log=log, base_dir=base_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from tba.rewards import RewardFn, make_reward_fn
 from tba.tasks.base import Prompt, Task
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -43,7 +44,8 @@ class ArithmeticTask(Task):
     @staticmethod
     def _prompt(a: int, op: str, b: int) -> Prompt:
         text = f"{a}{op}{b}="
-        return Prompt(id=text, text=text, answer=str(_OPS[op](a, b)))
+        answer = str(_OPS[op](a, b))
+        return Prompt(id=text, text=text, answer=answer, columns={"answer": answer})
 
     def sample_prompts(self, n: int, rng: random.Random) -> list[Prompt]:
         out = []
@@ -57,4 +59,12 @@ class ArithmeticTask(Task):
         return list(self._eval)
 
     def reward(self, prompt: Prompt, completion: str) -> float:
+        """1 for the exact answer (surrounding whitespace ignored), else 0."""
         return 1.0 if completion.strip() == prompt.answer else 0.0
+
+    def reward_functions(self) -> list[RewardFn]:
+        return [make_reward_fn("exact_match", self._exact_match)]
+
+    def _exact_match(self, prompts, completions, completion_ids, answer, **_) -> list[float]:
+        triples = zip(prompts, completions, answer, strict=True)
+        return [self.reward(Prompt(id=p, text=p, answer=a), c) for p, c, a in triples]

@@ -1,0 +1,59 @@
+"""Your own task: prompts from a dataset, rewards from your functions (``task.name: dataset``).
+
+The prompt column holds a string or a list of chat messages; every other column reaches the
+reward functions by name, in TRL's convention (``tba.rewards``). verl-style parquet files load
+unchanged: their message-list ``prompt``, and ``reward_model.ground_truth`` offered as
+``ground_truth``; ``task.reward_style: verl`` calls a verl ``compute_score`` per sample.
+
+Evaluation scores greedy completions of the evaluation split with the same reward functions and
+logs their mean as ``eval/reward``; with ``task.success_threshold`` a reward at or above it is a
+success, which is what pass@k and maj@k count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tba.rewards import RewardFn, load_reward_functions
+from tba.tasks.data import DatasetLoadError, DataTask
+
+
+class DatasetTask(DataTask):
+    name = "dataset"
+    eval_metric = "reward"
+
+    def __init__(self, cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None):
+        self._fns = load_reward_functions(
+            cfg.reward_funcs,
+            cfg.reward_weights,
+            cfg.reward_kwargs,
+            style=cfg.reward_style,
+            base_dir=Path(base_dir) if base_dir else None,
+        )
+        self.success_scores = cfg.success_threshold is not None
+        super().__init__(cfg, tokenizer, chat_template, log)
+
+    def check_columns(self, columns: dict[str, list], where: str) -> None:
+        for needed, key in ((self.cfg.prompt_column, "prompt_column"), (self.cfg.id_column, "id_column")):
+            if needed is not None and needed not in columns:
+                raise DatasetLoadError(
+                    f"{where} has no column {needed!r} (task.{key}); its columns are: {', '.join(columns)}"
+                )
+
+    def prompt_value(self, columns: dict[str, list], i: int) -> Any:
+        return columns[self.cfg.prompt_column][i]
+
+    def answer_of(self, row: dict[str, Any]) -> str | None:
+        col = self.cfg.answer_column
+        if col is None:
+            return None
+        value = row.get(col)
+        return None if value is None else str(value)
+
+    def reward_functions(self) -> list[RewardFn]:
+        return self._fns
+
+    def is_success(self, score: float) -> bool:
+        threshold = self.cfg.success_threshold
+        return threshold is not None and score >= threshold
