@@ -9,7 +9,7 @@ COMPILED := $(VENV)/.compiled
 # minute of a 2-core set-up, and the demo starts only two Python processes. The test suite starts
 # dozens (CLI runs, Ray workers), so `make test` compiles the environment once, on every core.
 
-.PHONY: demo test lint bench clean
+.PHONY: demo example test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ $(COMPILED): $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/tba train
+
+example: $(STAMP)
+	$(VENV)/bin/tba train configs/custom_task.yaml
 
 test: $(COMPILED)
 	$(VENV)/bin/python -m pytest -q
