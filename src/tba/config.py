@@ -182,7 +182,7 @@ class GSM8KTaskConfig(_DataTaskConfig):
 TaskConfig = Annotated[ArithmeticTaskConfig | DatasetTaskConfig | GSM8KTaskConfig, Field(discriminator="name")]
 """One config class per task type; ``task.name`` picks it. Adding a task: a class here (with a
 ``name`` literal) and a module in ``tba.tasks`` registered under that name."""
-TASK_NAMES = ("arithmetic", "dataset", "gsm8k")
+TASK_NAMES = ("arithmetic", "dataset", "gsm8k", "redteam")
 
 
 class GenerationConfig(_Section):

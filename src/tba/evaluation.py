@@ -8,34 +8,19 @@
   the expected correctness of a majority vote over k of them (answers from ``task.answer_key``).
   Both need a task whose scores are successes.
 - A few problems with their greedy completions and scores are returned for ``samples.jsonl``.
+
+A task with an evaluation of its own (win rate under a judge, attack success and diversity)
+overrides ``Task.evaluate`` and gets the same generator, tokenizer and settings.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
-from tba.tasks.base import Task
-
-
-@dataclass
-class EvalSettings:
-    max_new_tokens: int
-    limit: int | None = None  # first N problems only
-    samples: int = 1  # n completions per problem for pass@k / maj@k (1: greedy only)
-    pass_k: tuple[int, ...] = (1,)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    log_samples: int = 4  # problems whose completions are returned for samples.jsonl
-
-
-@dataclass
-class EvalResult:
-    metrics: dict[str, float]
-    samples: list[dict] = field(default_factory=list)
+from tba.tasks.base import EvalContext, Task
+from tba.types import EvalResult, EvalSettings
 
 
 def evaluate(
@@ -45,10 +30,16 @@ def evaluate(
     settings: EvalSettings,
     chat_template: bool | None = None,
     eos_ids: set[int] | None = None,
+    reference=None,
 ) -> EvalResult:
+    """The task's own evaluation if it has one (``Task.evaluate``), else the generic one."""
+    eos = eos_ids or {tokenizer.eos_token_id}
+    ctx = EvalContext(generator, tokenizer, settings, chat_template, eos, reference)
+    custom = task.evaluate(ctx)
+    if custom is not None:
+        return custom
     prompts = task.eval_prompts()[: settings.limit]
     ids = encode_prompts(tokenizer, prompts, chat_template)
-    eos = eos_ids or {tokenizer.eos_token_id}
     stats = RewardStats()
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=settings.max_new_tokens)
     outs = [o[0] for o in generator.generate(ids, greedy)]

@@ -73,3 +73,22 @@ class Batch:
     @property
     def num_groups(self) -> int:
         return len(self.prompt_ids)
+
+
+@dataclass
+class EvalSettings:
+    """How evaluation generates: from the ``eval`` and ``generation`` config sections."""
+
+    max_new_tokens: int
+    limit: int | None = None  # first N problems only
+    samples: int = 1  # n completions per problem for pass@k / maj@k (1: greedy only)
+    pass_k: tuple[int, ...] = (1,)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    log_samples: int = 4  # problems whose completions are returned for samples.jsonl
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]  # eval/<name> -> value
+    samples: list[dict] = field(default_factory=list)  # records for samples.jsonl

@@ -12,9 +12,10 @@ from rich.console import Console
 from tba.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from tba.config import Config, dump_config
 from tba.console import summary_table
-from tba.evaluation import EvalSettings, evaluate
+from tba.evaluation import evaluate
 from tba.metrics import read_metrics
 from tba.runtime.components import Components, absolute_paths, prepare_run_dir, prepare_task, seed_everything
+from tba.types import EvalSettings
 
 
 def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
@@ -44,7 +45,8 @@ def evaluate_policy(c: Components, cfg: Config, run_dir: Path | None = None, ste
         log_samples=e.log_samples,
     )
     c.eval_generator.batch_size = e.batch_size
-    result = evaluate(c.task, c.eval_generator, c.tokenizer, settings, cfg.model.chat_template, c.eos_ids)
+    reference = c.searcher.reference if c.searcher is not None else None
+    result = evaluate(c.task, c.eval_generator, c.tokenizer, settings, cfg.model.chat_template, c.eos_ids, reference)
     if run_dir is not None and result.samples:
         with (run_dir / "samples.jsonl").open("a") as f:
             for sample in result.samples:

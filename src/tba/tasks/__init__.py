@@ -29,7 +29,13 @@ def _gsm8k(cfg, **kwargs) -> Task:
     return GSM8KTask(cfg, **kwargs)
 
 
-TASKS = {"arithmetic": _arithmetic, "dataset": _dataset, "gsm8k": _gsm8k}
+def _redteam(cfg, **kwargs) -> Task:
+    from tba.tasks.redteam import RedteamTask
+
+    return RedteamTask(cfg, **kwargs)
+
+
+TASKS = {"arithmetic": _arithmetic, "dataset": _dataset, "gsm8k": _gsm8k, "redteam": _redteam}
 
 
 def build_task(cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None) -> Task:

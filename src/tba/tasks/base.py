@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tba.rewards import RewardFn, RewardStats, check_reward_functions, compute_rewards
+from tba.types import EvalResult, EvalSettings
 
 DUMMY_COMPLETIONS = ["The answer is 42.", "I am not sure."]  # for the dry run of reward functions
 
@@ -39,6 +40,19 @@ class Prompt:
 
     def as_reward_input(self) -> str | list[dict]:
         return [dict(m) for m in self.messages] if self.messages is not None else self.text
+
+
+@dataclass
+class EvalContext:
+    """What a task's own evaluation may use: the policy's generator (``tba.generation``), the
+    tokenizer, the settings, and the frozen reference model where the runtime has one."""
+
+    generator: Any
+    tokenizer: Any
+    settings: EvalSettings
+    chat_template: bool | None
+    eos_ids: set[int]
+    reference: Any = None
 
 
 class Task(ABC):
@@ -76,6 +90,11 @@ class Task(ABC):
     ) -> list[float | None]:
         """Evaluation score of each completion; by default its reward."""
         return self.rewards(prompts, completions, completion_ids, stats)
+
+    def evaluate(self, ctx: EvalContext) -> EvalResult | None:
+        """A task-specific evaluation; None (the default) runs the generic one: greedy scores,
+        and pass@k / maj@k with ``eval.samples``."""
+        return None
 
     def is_success(self, score: float) -> bool:
         return score > 0.5
