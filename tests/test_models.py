@@ -170,3 +170,20 @@ def test_hf_generator_load_weights(tiny_model, tokenizer):
     gen.load_weights(state, version=7)
     assert gen.version == 7
     assert all((p == 0).all() for p in tiny_model.parameters())
+
+
+def test_min_new_tokens_masks_every_eos_until_then(tiny_model, tokenizer):
+    torch.manual_seed(0)
+    eos = tokenizer.eos_token_id
+    other = tokenizer.convert_tokens_to_ids("=")  # a second end token, as a chat end-of-turn
+    # bias the model towards ending at once, so that only the mask keeps completions going
+    with torch.no_grad():
+        tiny_model.lm_head.weight[eos] += 5.0
+        tiny_model.lm_head.weight[other] += 5.0
+    gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {eos, other})
+    prompts = [tokenizer("1+2=")["input_ids"], tokenizer("3+4=")["input_ids"]]
+    free = gen.generate(prompts, SamplingParams(n=8, max_new_tokens=12, temperature=1.0))
+    assert min(len(c.token_ids) for g in free for c in g) < 5  # without the mask, some end early
+    held = gen.generate(prompts, SamplingParams(n=8, max_new_tokens=12, min_new_tokens=5, temperature=1.0))
+    for c in (c for g in held for c in g):
+        assert len(c.token_ids) >= 5 and not {eos, other} & set(c.token_ids[:4])

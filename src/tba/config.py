@@ -201,11 +201,15 @@ class GenerationConfig(_Section):
     """Nucleus sampling threshold (1.0 disables it)."""
     max_new_tokens: int = Field(8, ge=1)
     """Completion length limit in tokens; completions cut here count as unfinished."""
+    min_new_tokens: int = Field(0, ge=0)
+    """EOS is masked until a completion has this many tokens (red-teaming attacks: 5 to 20 tokens)."""
     unfinished_reward: float | None = None
     """Reward for completions without EOS (e.g. -1 as for TL;DR); default: the task's reward."""
 
     @model_validator(mode="after")
     def _check_samples(self) -> GenerationConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens {self.min_new_tokens} exceeds max_new_tokens {self.max_new_tokens}")
         if self.samples_per_prompt is not None and self.samples_per_prompt < self.group_size:
             raise ValueError(f"samples_per_prompt {self.samples_per_prompt} is below group_size {self.group_size}")
         return self

@@ -16,6 +16,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 64
+    min_new_tokens: int = 0  # EOS is masked until a completion has this many tokens
     greedy: bool = False
     logprobs: bool = False  # also return each completion token's log-prob under the sampling policy
 

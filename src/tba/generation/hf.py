@@ -39,6 +39,7 @@ class HFGenerator:
             attention_mask=attn.to(device),
             do_sample=not params.greedy,
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=params.min_new_tokens or None,  # masks every EOS id until then
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             **sampling,

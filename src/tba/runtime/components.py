@@ -125,6 +125,7 @@ def make_searcher(
             temperature=g.temperature,
             top_p=g.top_p,
             max_new_tokens=g.max_new_tokens,
+            min_new_tokens=g.min_new_tokens,
             logprobs=cfg.objective.needs_sampler_logps,
         ),
         g.prompts_per_batch,
