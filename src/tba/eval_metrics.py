@@ -162,3 +162,13 @@ def sampled_metrics(problems: list[tuple[list[str | None], list[float]]], ks: li
     all_scores = [float(score) for _, scores in problems for score in scores]
     metrics["mean_score"] = sum(all_scores) / len(all_scores)
     return metrics
+
+
+def win_rate(policy_scores: Sequence[float], reference_scores: Sequence[float]) -> float:
+    """Fraction of prompts whose policy completion scores strictly higher than the reference's
+    under the judge (a tie is a loss, as in the TL;DR evaluation of the TBA paper)."""
+    if len(policy_scores) != len(reference_scores) or not policy_scores:
+        raise ValueError(
+            f"win_rate needs equal, non-empty score lists, got {len(policy_scores)} and {len(reference_scores)}"
+        )
+    return sum(p > r for p, r in zip(policy_scores, reference_scores, strict=True)) / len(policy_scores)

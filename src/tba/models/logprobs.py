@@ -100,3 +100,50 @@ def sequence_logprobs(
         for i in range(0, len(prompts), micro_batch)
     ]
     return torch.cat(parts)
+
+
+@torch.no_grad()
+def kl_and_ref_nll(
+    policy: torch.nn.Module,
+    reference: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    eos_ids: int | set[int] | None = None,
+    micro_batch: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sample: the mean over completion positions of the full-vocabulary KL(π ‖ π_ref), the
+    summed negative log-likelihood of the completion under π_ref, and its length in tokens.
+
+    KL_t = Σ_v π(v | x, y_<t) (log π(v | ·) − log π_ref(v | ·)), on the completion that π produced;
+    averaged over its positions, so every sample counts once whatever its length.
+    """
+    completions = [truncate_at_eos(c, eos_ids) for c in completions]
+    kls, nlls, lens = [], [], []
+    for i in range(0, len(prompts), micro_batch):
+        ps, cs = prompts[i : i + micro_batch], completions[i : i + micro_batch]
+        device = next(policy.parameters()).device
+        ids, attn, comp_mask, p_len = pack(ps, cs, pad_id, device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        logp = [
+            F.log_softmax(
+                m(
+                    input_ids=ids.to(next(m.parameters()).device),
+                    attention_mask=attn.to(next(m.parameters()).device),
+                    position_ids=position_ids.to(next(m.parameters()).device),
+                )
+                .logits[:, p_len - 1 : -1]
+                .float()
+                .to(device),
+                dim=-1,
+            )
+            for m in (policy, reference)
+        ]  # 2 x [n, C, V]
+        mask = comp_mask.float()  # [n, C]
+        kl_t = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)  # [n, C]
+        nll_t = -torch.gather(logp[1], -1, ids[:, p_len:].unsqueeze(-1)).squeeze(-1)  # [n, C]
+        n_tok = mask.sum(-1)
+        kls.append((kl_t * mask).sum(-1) / n_tok.clamp(min=1))
+        nlls.append((nll_t * mask).sum(-1))
+        lens.append(n_tok)
+    return torch.cat(kls).cpu(), torch.cat(nlls).cpu(), torch.cat(lens).cpu()

@@ -45,13 +45,34 @@ def evaluate_policy(c: Components, cfg: Config, run_dir: Path | None = None, ste
         log_samples=e.log_samples,
     )
     c.eval_generator.batch_size = e.batch_size
-    reference = c.searcher.reference if c.searcher is not None else None
+    if not c.task_ready:  # task-owned models (a reward model) for evaluation
+        c.task.setup(next(c.policy.parameters()).device)
+        c.task_ready = True
+    reference = eval_reference(c, cfg)
     result = evaluate(c.task, c.eval_generator, c.tokenizer, settings, cfg.model.chat_template, c.eos_ids, reference)
     if run_dir is not None and result.samples:
         with (run_dir / "samples.jsonl").open("a") as f:
             for sample in result.samples:
                 f.write(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n")
     return result.metrics
+
+
+def eval_reference(c: Components, cfg: Config):
+    """The frozen reference for evaluations that need it (KL): the searcher's in the sync runtime;
+    in the ray runtime, where the trainer holds none, loaded once on first use."""
+    if c.searcher is not None:
+        return c.searcher.reference
+    if not getattr(c.task, "needs_reference", False):
+        return None
+    if c.reference is None:
+        from tba.models.loading import load_causal_lm
+        from tba.runtime.components import model_paths
+
+        m = cfg.model
+        _, ref_path = model_paths(cfg)
+        device = next(c.policy.parameters()).device
+        c.reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
+    return c.reference
 
 
 def eval_key(c: Components) -> str:

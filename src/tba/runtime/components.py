@@ -53,6 +53,8 @@ class Components:
     eval_generator: HFGenerator
     eos_ids: set[int]
     policy_path: str
+    task_ready: bool = False  # Task.setup() ran in this process (for evaluation)
+    reference: torch.nn.Module | None = None  # loaded for evaluation where no searcher holds one
 
 
 def quiet_transformers() -> None:

@@ -29,13 +29,19 @@ def _gsm8k(cfg, **kwargs) -> Task:
     return GSM8KTask(cfg, **kwargs)
 
 
+def _tldr(cfg, **kwargs) -> Task:
+    from tba.tasks.tldr import TLDRTask
+
+    return TLDRTask(cfg, **kwargs)
+
+
 def _redteam(cfg, **kwargs) -> Task:
     from tba.tasks.redteam import RedteamTask
 
     return RedteamTask(cfg, **kwargs)
 
 
-TASKS = {"arithmetic": _arithmetic, "dataset": _dataset, "gsm8k": _gsm8k, "redteam": _redteam}
+TASKS = {"arithmetic": _arithmetic, "dataset": _dataset, "gsm8k": _gsm8k, "tldr": _tldr, "redteam": _redteam}
 
 
 def build_task(cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None) -> Task:

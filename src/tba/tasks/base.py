@@ -106,10 +106,17 @@ class Task(ABC):
     def check(self) -> None:
         """Fail fast, before any model is loaded, if the reward functions cannot score two
         evaluation rows (raises ``tba.rewards.RewardFunctionError`` naming the function)."""
+        fns = self.checkable_reward_functions()
+        if not fns:
+            return
         rows = self.eval_prompts()[:2]
         comps = DUMMY_COMPLETIONS[: len(rows)]
         args, comps, columns = reward_inputs(rows, comps)
-        check_reward_functions(self.reward_functions(), args, comps, [[] for _ in rows], columns)
+        check_reward_functions(fns, args, comps, [[] for _ in rows], columns)
+
+    def checkable_reward_functions(self) -> list[RewardFn]:
+        """The reward functions that can be dry-run before any model is loaded."""
+        return self.reward_functions()
 
     def describe(self) -> str:
         """One line for the run log: what the task holds."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tba.rewards import RewardFn, load_reward_functions
+from tba.rewards import RewardFn, load_reward_functions, make_reward_fn
 from tba.tasks.data import DatasetLoadError, DataTask
 
 
@@ -24,14 +24,19 @@ class DatasetTask(DataTask):
     eval_metric = "reward"
 
     def __init__(self, cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None):
-        self._fns = load_reward_functions(
-            cfg.reward_funcs,
-            cfg.reward_weights,
-            cfg.reward_kwargs,
-            style=cfg.reward_style,
-            base_dir=Path(base_dir) if base_dir else None,
+        self._fns = (
+            load_reward_functions(
+                cfg.reward_funcs,
+                cfg.reward_weights,
+                cfg.reward_kwargs,
+                style=cfg.reward_style,
+                base_dir=Path(base_dir) if base_dir else None,
+            )
+            if cfg.reward_funcs
+            else []
         )
         self.success_scores = cfg.success_threshold is not None
+        self._scorer = None  # the reward model, loaded by setup() in searcher and evaluation processes
         super().__init__(cfg, tokenizer, chat_template, log)
 
     def check_columns(self, columns: dict[str, list], where: str) -> None:
@@ -51,8 +56,38 @@ class DatasetTask(DataTask):
         value = row.get(col)
         return None if value is None else str(value)
 
+    def setup(self, device=None) -> None:
+        c = self.cfg
+        if c.reward_model and self._scorer is None:
+            from tba.tasks.reward_model import SequenceScorer
+
+            self._scorer = SequenceScorer(
+                c.reward_model, device or "cpu", c.reward_model_tokenizer, c.reward_batch_size, c.reward_max_length
+            )
+
     def reward_functions(self) -> list[RewardFn]:
-        return self._fns
+        if self._scorer is None:
+            if self.cfg.reward_model:  # a run must never train on the functions alone by mistake
+                raise RuntimeError("task.reward_model is not loaded: Task.setup() runs in searcher processes first")
+            return self._fns
+        return [*self._fns, make_reward_fn("reward_model", self._reward_model, self.cfg.reward_model_weight)]
+
+    def checkable_reward_functions(self) -> list[RewardFn]:
+        return self._fns  # the reward model is checked when it loads
+
+    def _reward_model(self, prompts, completions, completion_ids, **_) -> list[float]:
+        """prompt + completion as text; chat prompts through the reward model's own chat template."""
+        tok = self._scorer.tokenizer
+        texts = []
+        for p, c in zip(prompts, completions, strict=True):
+            if isinstance(p, list):  # messages: the completion is [{"role": "assistant", ...}]
+                if tok.chat_template:
+                    texts.append(tok.apply_chat_template(p + c, tokenize=False))
+                else:
+                    texts.append("\n".join(str(m["content"]) for m in p + c))
+            else:
+                texts.append(p + c)
+        return self._scorer.score(texts)
 
     def is_success(self, score: float) -> bool:
         threshold = self.cfg.success_threshold
