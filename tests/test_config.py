@@ -355,6 +355,9 @@ def test_recipes_validate():
     assert (g.generation.group_size, g.generation.samples_per_prompt, g.trainer.batch_prompts) == (20, 24, 7)
     assert (g.objective.beta, g.objective.beta_final, g.objective.beta_anneal_steps) == (0.014, 0.004, 500)
     assert g.trainer.steps == 700 and g.trainer.sync_interval == 2 and g.buffer.recent_prob == 0.95
+    t = load_config(root / "tldr_pythia410m.yaml")
+    assert t.task.name == "tldr" and t.generation.unfinished_reward == -1.0 and t.objective.beta_final_from == 32
+    assert (t.buffer.recent_prob, t.buffer.reward_inv_temp, t.trainer.sync_interval) == (0.5, 1.0, 10)
     c = load_config(root / "custom_task.yaml")
     assert c.task.name == "dataset" and len(c.task.reward_funcs) == 2
 

@@ -122,3 +122,12 @@ def test_warmup_stable_then_cosine_cut_short_as_in_the_gsm8k_recipe():
     assert m[400] == 1.0 and abs(m[700 - 1] - 0.5 * (1 + math.cos(math.pi * 299 / 600))) < 1e-12
     assert 0.5 < m[-1] < 0.51  # cut at 700, halfway down the 600-step cosine
     assert all(a >= b for a, b in zip(m[50:], m[51:], strict=False))
+
+
+def test_beta_jumps_to_its_final_value_as_in_the_tldr_recipe():
+    from tba.schedules import beta_at
+
+    assert beta_at(0, 1.0, 0.05, 256, 32) == 1.0
+    assert beta_at(16, 1.0, 0.05, 256, 32) == pytest.approx(1.0 - 0.95 * 16 / 256)
+    assert beta_at(31, 1.0, 0.05, 256, 32) > 0.8
+    assert beta_at(32, 1.0, 0.05, 256, 32) == beta_at(200, 1.0, 0.05, 256, 32) == 0.05

@@ -48,6 +48,21 @@ class RunConfig(_Section):
         return self
 
 
+class LoraConfig(_Section):
+    """A LoRA adapter (through PEFT) on the policy: only the adapter trains and is published to searchers,
+    and the reference is the same model with the adapter switched off."""
+
+    r: int = Field(32, ge=1)
+    """Rank of the low-rank update (the red-teaming paper's attacker: 32)."""
+    alpha: float = Field(16, gt=0)
+    """Scale numerator: the update is multiplied by ``alpha / r`` (the red-teaming paper: 16)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during training (searchers sample without it)."""
+    target_modules: list[str] | str = "all-linear"
+    """Modules that get an adapter: PEFT's ``all-linear`` (every linear layer but the output head), or names
+    such as ``[q_proj, v_proj]``. Biases never train, so the base model stays exactly the reference."""
+
+
 class ModelConfig(_Section):
     policy: str = "builtin:tiny-arithmetic"
     """Hugging Face model id or local path of the policy (a causal LM); ``builtin:tiny-arithmetic``
@@ -67,6 +82,9 @@ class ModelConfig(_Section):
     and (with a chat template) the template's end-of-turn token, which are found automatically."""
     cache_dir: str | None = None
     """Where the built-in demo model is cached; default ``$TBA_CACHE`` or ``~/.cache/tba``."""
+    lora: LoraConfig | None = None
+    """Train a LoRA adapter instead of every weight (``pip install 'tba[lora]'``); the reference is then the
+    policy with its adapter switched off, so ``reference`` must stay unset (or name the policy)."""
 
 
 class ArithmeticTaskConfig(_Section):
@@ -337,6 +355,8 @@ class ObjectiveConfig(_Section):
     """If set, β moves linearly from ``beta`` to this over ``beta_anneal_steps``, then stays."""
     beta_anneal_steps: int = Field(0, ge=0)
     """Steps of the linear β annealing."""
+    beta_final_from: int | None = Field(None, ge=0)
+    """From this step on β is ``beta_final`` even if the annealing has not reached it (TL;DR: step 32)."""
     scale_beta_sq: bool = False
     """``tb``: multiply the loss by β² so annealing β does not change the effective step size."""
     ref_reset_every: int | None = Field(None, ge=1)
@@ -352,8 +372,8 @@ class ObjectiveConfig(_Section):
 
     @model_validator(mode="after")
     def _check_anneal(self) -> ObjectiveConfig:
-        if self.beta_final is not None and self.beta_anneal_steps <= 0:
-            raise ValueError("beta_final needs beta_anneal_steps > 0")
+        if self.beta_final is not None and self.beta_anneal_steps <= 0 and self.beta_final_from is None:
+            raise ValueError("beta_final needs beta_anneal_steps > 0 (or beta_final_from)")
         return self
 
     @property
@@ -404,6 +424,9 @@ class TrainerConfig(_Section):
     """k: publish weights to searchers every k steps."""
     checkpoint_every: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (always at the end)."""
+    save_merged: bool = False
+    """With ``model.lora``: checkpoints also hold the merged full model in ``merged/``, which
+    ``AutoModelForCausalLM.from_pretrained`` loads without PEFT."""
 
 
 class EvalConfig(_Section):

@@ -5,11 +5,17 @@ from __future__ import annotations
 import math
 
 
-def beta_at(step: int, beta: float, beta_final: float | None = None, anneal_steps: int = 0) -> float:
-    """β at ``step``: constant, or linear from ``beta`` to ``beta_final`` over ``anneal_steps``.
+def beta_at(
+    step: int, beta: float, beta_final: float | None = None, anneal_steps: int = 0, final_from: int | None = None
+) -> float:
+    """β at ``step``: constant, or linear from ``beta`` to ``beta_final`` over ``anneal_steps``,
+    and ``beta_final`` from step ``final_from`` on if that comes first.
 
-    The paper's GSM8K setting is ``beta_at(step, 0.014, 0.004, 500)``.
+    The paper's GSM8K setting is ``beta_at(step, 0.014, 0.004, 500)``; its TL;DR setting moves
+    from 1.0 towards 0.05 and jumps there at step 32: ``beta_at(step, 1.0, 0.05, 256, 32)``.
     """
+    if beta_final is not None and final_from is not None and step >= final_from:
+        return beta_final
     if beta_final is None or anneal_steps <= 0:
         return beta
     frac = min(max(step, 0) / anneal_steps, 1.0)

@@ -85,7 +85,8 @@ class Trainer:
     def step(self) -> dict[str, float]:
         start = time.perf_counter()
         batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
-        beta = beta_at(self.version, self.objective.beta, self.objective.beta_final, self.objective.beta_anneal_steps)
+        o = self.objective
+        beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
         metrics = self._accumulate_gradients(batch, beta)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
