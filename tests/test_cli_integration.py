@@ -70,6 +70,7 @@ def test_cli_trains_and_reward_goes_up(demo_run):
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "training.png").is_file()
     assert (run_dir / "checkpoints" / "step_120" / "model.safetensors").is_file()
     assert "eval accuracy" in proc.stderr and "before" in proc.stderr  # the closing table
+    assert "thread(s), jemalloc" in proc.stderr  # the driver re-executed itself under jemalloc
 
 
 def test_demo_model_is_cached(cache_dir):

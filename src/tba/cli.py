@@ -14,7 +14,7 @@ import argparse
 import sys
 import traceback
 
-from tba import __version__
+from tba import __version__, allocator
 from tba.config import ConfigError, load_config
 from tba.errors import UserError
 
@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("config", nargs="?", help="YAML config file; keys override the defaults")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--debug", action="store_true", help="show the traceback of a bad-input error too")
+    entry_point = argv is None  # the process's own command line: it may re-execute itself
     argv = list(sys.argv[1:] if argv is None else argv)
+    if entry_point:
+        allocator.restore_environment()
     if not argv or argv[0] != "train" or any(a in ("-h", "--help") for a in argv[1:]):
         parser.parse_args(argv)  # usage, --version, --help and unknown commands
         return 2
@@ -55,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(dump_config(cfg), end="")
         return 0
+    if entry_point and cfg.runtime.type == "ray":
+        try:
+            allocator.reexec_under_jemalloc(argv)  # returns only where it does not apply
+        except ValueError as err:
+            return report(UserError(str(err)), debug)
     from tba.runtime.errors import SearcherFailed
 
     if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid

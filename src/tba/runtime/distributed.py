@@ -38,6 +38,7 @@ import ray
 import torch
 from rich.console import Console
 
+from tba import allocator
 from tba.config import Config, build_config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
@@ -268,7 +269,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             initial = evaluate_policy(c, cfg, run_dir, 0)
             metrics.log(0, initial)
         pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, lambda m: _event(run_dir, log, m))
-        log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s)")
+        memory = "jemalloc" if allocator.loaded() else "the system allocator"
+        log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
         extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool)
     finally:
         if inbox is not None:
