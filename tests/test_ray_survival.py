@@ -70,7 +70,9 @@ def searcher_pids(sid: int) -> set[int]:
 
 
 def test_killed_searcher_restarts_and_the_run_completes(tmp_path, demo_cache):
-    steps = 150
+    # Long enough to outlast the restart (a new process imports torch and loads its models: about
+    # 20 s on 2 quiet cores; 150 steps took about as long, so on a busy machine the run could end first).
+    steps = 400
     proc = start_run(tmp_path, demo_cache, "s", f"--trainer.steps={steps}", f"--eval.every={steps}")
     try:
         wait_for_steps(proc, tmp_path / "s" / "metrics.jsonl", 2)
