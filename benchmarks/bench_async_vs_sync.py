@@ -7,8 +7,9 @@ Each run is the real CLI (``tba train``) with only ``runtime.type`` and the seed
 demo model is built (and cached) before the first timed run, so both runtimes start from the
 same cached checkpoint. Printed per run: wall-clock of the whole run (Ray start-up included for
 the async one), time from the first to the last trainer step, median trainer step time, final
-greedy accuracy, and the async trainer's busy fraction; then the speedup ratios. A plot of eval
-accuracy against wall-clock goes to ``<out>/async_vs_sync.png``.
+greedy accuracy, and the async trainer's busy fraction; then the speedup ratios. The runs' curves
+(``tba plot``) go to ``<out>/curves/``; eval accuracy against wall-clock is also copied to
+``<out>/async_vs_sync.png``.
 
 What bounds the speedup: the sync runtime does generate-then-train on all cores; the async one
 runs the two side by side, each on its share of the cores, so its step time is the slower of
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,33 +61,19 @@ def run(out: Path, name: str, runtime: str, seed: int, extra: list[str]) -> dict
         "acc_initial": summary["eval/accuracy_initial"],
         "acc_final": summary["eval/accuracy_final"],
         "busy": summary.get("trainer_busy_fraction"),
-        "curve": [(r["time_s"], r["eval/accuracy"]) for r in records if r.get("eval/accuracy") is not None],
     }
 
 
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
+def plot(results: list[dict], out: Path) -> Path:
+    """Compare the runs with ``tba plot``'s figures in ``<out>/curves/``; copy the evaluation against
+    wall-clock to ``<out>/async_vs_sync.png`` and return that path."""
+    from tba.plots import plot_runs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in results:
-        xs, ys = zip(*r["curve"], strict=True)
-        ax.plot(
-            xs,
-            ys,
-            marker="o",
-            label=f"{r['runtime']} (seed {r['seed']})",
-            color="tab:blue" if r["runtime"] == "ray" else "tab:orange",
-        )
-    ax.set_xlabel("wall-clock (s)")
-    ax.set_ylabel("greedy eval accuracy")
-    ax.set_title("demo: async (ray) vs sync at equal trainer steps")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    names = [f"{r['runtime']} (seed {r['seed']})" for r in results]
+    plot_runs([out / r["name"] for r in results], out / "curves", names=names)
+    path = out / "async_vs_sync.png"
+    shutil.copyfile(out / "curves" / "eval_vs_time.png", path)
+    return path
 
 
 def main() -> None:
@@ -146,9 +134,7 @@ def main() -> None:
             f"final accuracy sync {s['acc_final']:.1%}, async {a['acc_final']:.1%} "
             f"({(a['acc_final'] - s['acc_final']) * 100:+.1f} points); async busy fraction {a['busy']:.3f}"
         )
-    path = args.out / "async_vs_sync.png"
-    plot(results, path)
-    print(f"plot: {path}")
+    print(f"plot: {plot(results, args.out)} (every curve: {args.out / 'curves'})")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "types": 0,
     "config": 0,
     "errors": 0,
+    "allocator": 0,
     "objectives": 1,
     "buffer": 1,
     "rewards": 1,
@@ -33,6 +34,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "evaluation": 3,
     "runtime": 4,
     "cli": 5,
+    "eval_command": 5,
     "__main__": 5,
     "__init__": 0,
 }

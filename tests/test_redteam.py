@@ -20,6 +20,7 @@ from tba.config import ConfigError, load_config
 from tba.eval_metrics import diversity
 from tba.evaluation import evaluate
 from tba.generation.base import SamplingParams
+from tba.generation.hf import HFGenerator
 from tba.metrics import read_metrics
 from tba.rewards import RewardStats
 from tba.runtime.components import build_components
@@ -255,7 +256,7 @@ def test_min_attack_length_holds_in_training_and_evaluation(models, tmp_path):
     attacks = [[t for t in ids if t not in eos] for g in groups for ids in g.completions]
     assert len(attacks) == 16 and all(5 <= len(a) <= 8 for a in attacks)
     settings = EvalSettings(max_new_tokens=8, samples=6)
-    result = evaluate(c.task, c.eval_generator, c.tokenizer, settings, None, eos)
+    result = evaluate(c.task, HFGenerator(c.policy, c.tokenizer.pad_token_id, eos), c.tokenizer, settings, None, eos)
     assert result.metrics["eval/attacks"] == 6 and result.metrics["eval/attack_len"] == pytest.approx(5.0)
 
 

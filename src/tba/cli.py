@@ -1,4 +1,5 @@
-"""Command line entry point: ``tba train [CONFIG.yaml] [--section.key=value ...] [--debug]``.
+"""Command line entry point: ``tba train [CONFIG.yaml] [--section.key=value ...] [--debug]``, and
+``tba eval`` (:mod:`tba.eval_command`) and ``tba plot`` (:mod:`tba.plots`).
 
 The config is parsed and validated before torch is imported, so a typo fails in a fraction of
 a second with the path of the offending key. Everything else a user can get wrong (paths, models,
@@ -40,10 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("config", nargs="?", help="YAML config file; keys override the defaults")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--debug", action="store_true", help="show the traceback of a bad-input error too")
+    sub.add_parser("eval", help="evaluate a run, a checkpoint or a model on its task (tba eval -h)", add_help=False)
+    sub.add_parser("plot", help="plot and compare runs (tba plot -h)", add_help=False)
     entry_point = argv is None  # the process's own command line: it may re-execute itself
     argv = list(sys.argv[1:] if argv is None else argv)
     if entry_point:
         allocator.restore_environment()
+    if argv and argv[0] == "plot":
+        from tba.plots import cli_main as plot_main
+
+        return plot_main(argv[1:])
+    if argv and argv[0] == "eval":
+        from tba.eval_command import cli_main as eval_main
+
+        return eval_main(argv[1:])
     if not argv or argv[0] != "train" or any(a in ("-h", "--help") for a in argv[1:]):
         parser.parse_args(argv)  # usage, --version, --help and unknown commands
         return 2

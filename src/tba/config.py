@@ -450,6 +450,8 @@ class TrainerConfig(_Section):
 
 
 class EvalConfig(_Section):
+    model_config = ConfigDict(**_Section.model_config, validate_by_name=True, validate_by_alias=True)
+
     every: int = Field(100, ge=1)
     """Evaluate every N steps (also before the first and after the last)."""
     max_new_tokens: int | None = None
@@ -465,6 +467,13 @@ class EvalConfig(_Section):
     """The k of pass@k and maj@k (each at most ``samples``), estimated without bias from n samples."""
     log_samples: int = Field(4, ge=0)
     """Prompts whose greedy completions, with scores, go to ``samples.jsonl`` at each evaluation."""
+    async_: bool = Field(False, alias="async")
+    """``eval.async=true`` (ray runtime): evaluate in a Ray actor of its own, on a copy of the weights
+    of the step being evaluated, while the trainer goes on; results are logged at that step."""
+    eval_cpus: float = Field(1.0, gt=0)
+    """CPUs reserved for the evaluation actor (``eval.async``)."""
+    eval_gpus: float = Field(0.0, ge=0)
+    """GPUs for the evaluation actor (``eval.async``; fractions share one)."""
 
     @model_validator(mode="after")
     def _check_k(self) -> EvalConfig:
@@ -504,9 +513,27 @@ class LoggingConfig(_Section):
     tensorboard: bool = False
     """Also write TensorBoard event files to ``<run>/tensorboard`` (needs ``tensorboard``)."""
     progress: bool = True
-    """Show a progress bar (a plain line per evaluation when the output is not a terminal)."""
+    """Show progress while training: a live progress bar and status line on a terminal; elsewhere a
+    plain line every ``line_every_s`` seconds and at each evaluation. ``false`` turns off only this
+    display; messages (run directory, model loading) still print."""
     every: int = Field(1, ge=1)
     """Write training metrics every N steps."""
+    quiet: bool = False
+    """Print nothing but errors and the final summary (for scripts): implies ``progress=false`` and
+    also silences the messages (run directory, task and model loading, searchers started)."""
+    line_every_s: float = Field(30.0, gt=0)
+    """Off a terminal (CI, nohup, a log file): print one plain progress line every N seconds (and one
+    at each evaluation)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs ``wandb``; ``WANDB_MODE=offline`` works without network)."""
+    wandb_project: str = "tba"
+    """W&B project."""
+    wandb_entity: str | None = None
+    """W&B entity (user or team); default: your W&B default."""
+    wandb_name: str | None = None
+    """W&B run name; default: the run directory's name."""
+    wandb_tags: list[str] = []
+    """W&B tags."""
 
 
 class Config(_Section):
@@ -547,6 +574,11 @@ class Config(_Section):
             raise ValueError(
                 f"buffer.capacity {b.capacity} holds fewer completions than one batch (trainer.batch_prompts {batch} "
                 f"x generation.group_size {k} = {batch * k}), so training would wait forever; raise buffer.capacity"
+            )
+        if self.eval.async_ and self.runtime.type != "ray":
+            raise ValueError(
+                "eval.async=true evaluates in a Ray actor beside the trainer, which needs runtime.type=ray; "
+                "drop eval.async for the sync runtime"
             )
         return self
 
@@ -663,4 +695,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def dump_config(config: Config) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)

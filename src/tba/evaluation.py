@@ -11,12 +11,28 @@
 
 A task with an evaluation of its own (win rate under a judge, attack success and diversity)
 overrides ``Task.evaluate`` and gets the same generator, tokenizer and settings.
+
+:class:`Evaluator` is what every caller uses, so that an evaluation is the same code wherever it
+runs: periodically during training (in the trainer process, or in an evaluation actor with
+``eval.async=true``) and in ``tba eval`` on a run, a checkpoint or a model. It holds what an
+evaluation needs besides the weights: the task (its own models, such as a judge or a victim, set
+up on first use), the tokenizer, a generator over the policy, the completion end tokens, and the
+frozen reference for tasks that measure KL (asked for only when the task needs it).
+:func:`tba.runtime.components.load_evaluator` builds one from a config alone.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tba.config import Config
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
+from tba.generation.hf import HFGenerator
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
 from tba.tasks.base import EvalContext, Task
@@ -90,3 +106,67 @@ def _sampled(task: Task, generator, tokenizer, prompts, ids, eos, settings: Eval
 
 def _decode(tokenizer, token_ids: list[list[int]], eos: set[int]) -> list[str]:
     return tokenizer.batch_decode([[t for t in ids if t not in eos] for ids in token_ids], skip_special_tokens=True)
+
+
+def eval_settings(cfg: Config) -> EvalSettings:
+    e, g = cfg.eval, cfg.generation
+    return EvalSettings(
+        max_new_tokens=e.max_new_tokens or g.max_new_tokens,
+        limit=e.limit,
+        samples=e.samples,
+        pass_k=tuple(e.pass_k),
+        temperature=g.temperature,
+        top_p=g.top_p,
+        log_samples=e.log_samples,
+    )
+
+
+class Evaluator:
+    """Evaluates ``policy`` (whatever weights it holds when called) on ``task``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        task: Task,
+        tokenizer,
+        policy: torch.nn.Module,
+        eos_ids: set[int],
+        reference: Callable[[], torch.nn.Module | None] = lambda: None,
+    ):
+        self.cfg = cfg
+        self.task = task
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.eos_ids = eos_ids
+        self.generator = HFGenerator(policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size)
+        self._reference = reference
+        self._task_ready = False
+
+    def __call__(self) -> EvalResult:
+        if not self._task_ready:  # task-owned models (a reward model, a victim) on first use
+            self.task.setup(next(self.policy.parameters()).device)
+            self._task_ready = True
+        reference = self._reference() if getattr(self.task, "needs_reference", False) else None
+        return evaluate(
+            self.task,
+            self.generator,
+            self.tokenizer,
+            eval_settings(self.cfg),
+            self.cfg.model.chat_template,
+            self.eos_ids,
+            reference,
+        )
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Load what the trainer publishes (the full state dict, or a LoRA policy's adapter)."""
+        from tba.models.lora import load_published_state
+
+        load_published_state(self.policy, state)
+
+
+def write_samples(run_dir: Path, step: int, samples: list[dict]) -> None:
+    """Append an evaluation's completions, with their scores, to ``<run>/samples.jsonl``."""
+    if samples:
+        with (Path(run_dir) / "samples.jsonl").open("a") as f:
+            for sample in samples:
+                f.write(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n")

@@ -29,6 +29,23 @@ from tba.types import Batch, RolloutGroup
 from tba.weights import WeightStore
 
 
+def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
+    """How stale a batch is, for a step that trains weights of ``version``: a rollout's lag is
+    ``version`` minus its policy version.
+
+    ``train/lag_mean`` and ``train/lag_max`` cover the whole batch, replayed data included.
+    ``train/lag_fresh`` is the mean lag of the rollouts that arrived since the previous step (the
+    buffer stamps each with the step it arrived at), so it says how stale the searchers are now;
+    it is left out when the batch holds none of them.
+    """
+    lags = [version - r.policy_version for r in batch.rollouts]
+    out = {"train/lag_mean": sum(lags) / len(lags), "train/lag_max": float(max(lags))}
+    fresh = [lag for lag, r in zip(lags, batch.rollouts, strict=True) if r.arrival_step == version]
+    if fresh:
+        out["train/lag_fresh"] = sum(fresh) / len(fresh)
+    return out
+
+
 class Trainer:
     def __init__(
         self,
@@ -102,16 +119,14 @@ class Trainer:
         with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
+        metrics.update(lag_metrics(batch, self.version))
         self.version += 1
 
-        lags = [self.version - 1 - r.policy_version for r in batch.rollouts]
         metrics.update(
             {
                 "train/grad_norm": grad_norm,
                 "train/beta": beta,
                 "train/lr": self.optimizer.param_groups[0]["lr"],
-                "train/lag_mean": sum(lags) / len(lags),
-                "train/lag_max": float(max(lags)),
                 "train/skipped_steps": float(self.skipped_steps),
                 "buffer/arrival_lag_max": float(self._arrival_lag_max),
                 "train/step_s": time.perf_counter() - start,

@@ -18,8 +18,8 @@ from tba.checkpoint import (
 )
 from tba.config import Config, dump_config
 from tba.console import summary_table
-from tba.evaluation import evaluate
-from tba.metrics import read_metrics
+from tba.evaluation import Evaluator, write_samples
+from tba.metrics import MetricsLogger, check_backends, read_metrics
 from tba.runtime.components import (
     Components,
     absolute_paths,
@@ -29,21 +29,22 @@ from tba.runtime.components import (
     prepare_task,
     seed_everything,
 )
-from tba.types import EvalSettings
 
 
 def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
     """Check everything a user can get wrong before the run directory exists, cheapest first: the
-    run directory (a free name, or a checkpoint to resume), the device, the task (dataset, prompt
-    lengths, reward functions' dry run), the models (found, causal LMs; the demo model is built
-    here on first use); then seed, create (or reopen, on resume) the run directory, and write the
-    resolved config. Returns the config with local paths made absolute, the run directory, and the
-    prepared task. Each check raises a :class:`tba.errors.UserError` that says what to fix."""
+    run directory (a free name, or a checkpoint to resume), the packages of the logging backends
+    that are on, the device, the task (dataset, prompt lengths, reward functions' dry run), the
+    models (found, causal LMs; the demo model is built here on first use); then seed, create (or
+    reopen, on resume) the run directory, and write the resolved config. Returns the config with
+    local paths made absolute, the run directory, and the prepared task. Each check raises a
+    :class:`tba.errors.UserError` that says what to fix."""
     from tba.models.loading import resolve_device
 
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
     cfg = absolute_paths(cfg)
     run_dir = check_run_dir(cfg)
+    check_backends(cfg.logging)
     resolve_device(cfg.run.device)
     prepared = prepare_task(cfg, log)
     check_models(cfg, log)
@@ -54,30 +55,25 @@ def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
     return cfg, run_dir, prepared
 
 
-def evaluate_policy(c: Components, cfg: Config, run_dir: Path | None = None, step: int = 0) -> dict:
+def evaluate_policy(
+    c: Components, cfg: Config, run_dir: Path | None = None, step: int = 0, metrics: MetricsLogger | None = None
+) -> dict:
     """Evaluate the trainer's policy; append a few completions with their scores to
-    ``<run>/samples.jsonl``; return the ``eval/*`` metrics."""
-    e, g = cfg.eval, cfg.generation
-    settings = EvalSettings(
-        max_new_tokens=e.max_new_tokens or g.max_new_tokens,
-        limit=e.limit,
-        samples=e.samples,
-        pass_k=tuple(e.pass_k),
-        temperature=g.temperature,
-        top_p=g.top_p,
-        log_samples=e.log_samples,
-    )
-    c.eval_generator.batch_size = e.batch_size
-    if not c.task_ready:  # task-owned models (a reward model) for evaluation
-        c.task.setup(next(c.policy.parameters()).device)
-        c.task_ready = True
-    reference = eval_reference(c, cfg)
-    result = evaluate(c.task, c.eval_generator, c.tokenizer, settings, cfg.model.chat_template, c.eos_ids, reference)
-    if run_dir is not None and result.samples:
-        with (run_dir / "samples.jsonl").open("a") as f:
-            for sample in result.samples:
-                f.write(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n")
+    ``<run>/samples.jsonl`` and, given ``metrics``, to its TensorBoard and W&B; return the ``eval/*``
+    metrics."""
+    result = policy_evaluator(c, cfg)()
+    if run_dir is not None:
+        write_samples(run_dir, step, result.samples)
+    if metrics is not None:
+        metrics.log_samples(step, result.samples)
     return result.metrics
+
+
+def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
+    """The evaluator of the trainer's own policy (built on first use)."""
+    if c.evaluator is None:
+        c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, lambda: eval_reference(c, cfg))
+    return c.evaluator
 
 
 def eval_reference(c: Components, cfg: Config):
@@ -85,8 +81,6 @@ def eval_reference(c: Components, cfg: Config):
     in the ray runtime, where the trainer holds none, loaded once on first use."""
     if c.searcher is not None:
         return c.searcher.reference
-    if not getattr(c.task, "needs_reference", False):
-        return None
     if c.reference is None:
         from tba.models.loading import load_causal_lm
         from tba.runtime.components import model_paths

@@ -18,6 +18,7 @@ from tba.buffer import ReplayBuffer
 from tba.checkpoint import latest_checkpoint
 from tba.config import ArithmeticTaskConfig, Config, ConfigError
 from tba.errors import RunDirError
+from tba.evaluation import Evaluator
 from tba.generation.base import SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
@@ -55,11 +56,10 @@ class Components:
     buffer: ReplayBuffer
     trainer: Trainer
     searcher: Searcher | None
-    eval_generator: HFGenerator
     eos_ids: set[int]
     policy_path: str
-    task_ready: bool = False  # Task.setup() ran in this process (for evaluation)
     reference: torch.nn.Module | None = None  # loaded for evaluation where no searcher holds one
+    evaluator: Evaluator | None = None  # of the policy, built on first evaluation
 
 
 def quiet_transformers() -> None:
@@ -244,11 +244,43 @@ def build_components(
         buffer,
         trainer,
         searcher,
-        HFGenerator(policy, pad, eos),
         eos,
         policy_path,
         reference=eval_reference,
     )
+
+
+def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print) -> Evaluator:
+    """An evaluator built from the config alone: the task (checked, as ``tba train`` checks it), the
+    tokenizer, and the policy: ``model.policy``, or a checkpoint of a run of this config (a full
+    model loads from the checkpoint itself; a LoRA adapter goes onto ``model.policy``). The
+    reference (``model.reference``, else ``model.policy``) loads only if the task asks for it."""
+    device = resolve_device(cfg.run.device)
+    m = cfg.model
+    task, tokenizer = prepare_task(cfg, log)
+    if checkpoint is not None and m.lora is None:
+        policy = load_causal_lm(str(checkpoint), device, m.dtype, m.trust_remote_code, trainable=False)
+    else:
+        policy_path, _ = model_paths(cfg, log)
+        policy = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
+        if m.lora is not None:
+            policy = add_adapter(policy, m.lora).eval().requires_grad_(False)
+            if checkpoint is not None:
+                from tba.checkpoint import load_policy_weights
+
+                load_policy_weights(policy, checkpoint)
+    eos = completion_eos(cfg, tokenizer, policy)
+    held: list[torch.nn.Module] = []
+
+    def reference() -> torch.nn.Module:
+        if m.lora is not None:
+            return ReferenceView(policy)  # the base model: the adapter switched off
+        if not held:
+            _, ref_path = model_paths(cfg, log)
+            held.append(load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False))
+        return held[0]
+
+    return Evaluator(cfg, task, tokenizer, policy, eos, reference)
 
 
 def absolute_paths(cfg: Config) -> Config:

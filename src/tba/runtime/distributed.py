@@ -41,7 +41,9 @@ from rich.console import Console
 from tba import allocator
 from tba.config import Config, build_config
 from tba.console import RunDisplay
+from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
+from tba.models.lora import published_state
 from tba.plots import plot_run
 from tba.runtime import watchdog as watchdog_module
 from tba.runtime.common import (
@@ -55,6 +57,7 @@ from tba.runtime.common import (
     write_summary,
 )
 from tba.runtime.components import Components, build_components, build_searcher, seed_everything
+from tba.runtime.eval_actor import BackgroundEvaluation, Finished
 from tba.runtime.restarts import SearcherPool
 
 # Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
@@ -228,27 +231,28 @@ def _trainer_threads(cfg: Config) -> int:
         return cfg.runtime.trainer_cpus
     if cfg.runtime.address:  # searchers may be elsewhere: use this machine
         return os.cpu_count() or 1
-    taken = cfg.runtime.num_searchers * cfg.runtime.searcher_cpus
+    taken = cfg.runtime.num_searchers * cfg.runtime.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
     return max(1, int((os.cpu_count() or 1) - taken))
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     console = console or Console(stderr=True)
     start = time.time()
-    log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    cfg, run_dir, prepared = open_run(cfg, console)  # builds the demo model on every core, before the split
+    chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
+    log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
+    cfg, run_dir, prepared = open_run(cfg, chatter)  # builds the demo model on every core, before the split
     torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
     old_sigterm = _interrupt_on_sigterm()
     watchdog = _start_watchdog(cfg)
     started_ray = False
-    actors, metrics = [], None
+    actors, metrics, background = [], None, None
     inbox = None
     try:
         started_ray = _init_ray(cfg)
         board, inbox = WeightBoard.remote(), Inbox.remote()
         c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
         resumed = cfg.run.resume and resume(c, run_dir, log)
-        metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, start_time=start)
+        metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
         r = cfg.runtime
         threads = max(1, int(r.searcher_cpus))
         cfg_data = cfg.model_dump(mode="json")
@@ -265,18 +269,25 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         ]
         c.trainer.publish()  # searchers start from the trainer's weights
         initial = {}
-        if not resumed:
-            initial = evaluate_policy(c, cfg, run_dir, 0)
+        if cfg.eval.async_:
+            background = BackgroundEvaluation(cfg)
+            if not resumed:  # logged at step 0 when it is done; training starts meanwhile
+                background.submit(0, published_state(c.policy))
+        elif not resumed:
+            initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
             metrics.log(0, initial)
-        pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, lambda m: _event(run_dir, log, m))
+        on_event = lambda m: _event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
+        pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, on_event)
         memory = "jemalloc" if allocator.loaded() else "the system allocator"
         log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
-        extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool)
+        extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background)
     finally:
         if inbox is not None:
             inbox.stop.remote()
         for actor in actors:
             ray.kill(actor)
+        if background is not None:
+            background.stop()
         if metrics is not None:
             metrics.close()  # whatever happened, what was logged stays on disk
         if started_ray:
@@ -330,8 +341,31 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
     return out
 
 
+def _searcher_versions(stats: dict[int, dict], pool: SearcherPool) -> list[int | None]:
+    """The weight version each searcher holds, by its latest report; None while it restarts."""
+    return [None if i in pool.waiting else int(stats[i]["searcher/version"]) for i in sorted({*stats, *pool.waiting})]
+
+
+def _log_evaluations(
+    finished: list[Finished], run_dir: Path, metrics: MetricsLogger, display: RunDisplay, step: int
+) -> None:
+    """Results of the evaluation actor, each logged at the step whose weights it evaluated."""
+    for f in finished:
+        write_samples(run_dir, f.step, f.samples)
+        metrics.log_samples(f.step, f.samples)
+        metrics.log(f.step, f.metrics)
+        display.update(step, f.metrics)  # the display stays at the trainer's step
+
+
 def _train(
-    c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, initial: dict, inbox, pool: SearcherPool
+    c: Components,
+    cfg: Config,
+    run_dir: Path,
+    metrics: MetricsLogger,
+    initial: dict,
+    inbox,
+    pool: SearcherPool,
+    background: BackgroundEvaluation | None = None,
 ) -> dict:
     trainer, batch = c.trainer, cfg.trainer.batch_prompts
     min_groups = cfg.buffer.min_groups or batch
@@ -342,7 +376,7 @@ def _train(
     loop_start, busy_s, paused_s, samples, last_stats = time.perf_counter(), 0.0, 0.0, 0, {}
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
-    with RunDisplay(cfg.trainer.steps, cfg.logging.progress, eval_key=key) as display:
+    with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
             last_stats = _drain(c, inbox, run_dir) or last_stats
@@ -360,16 +394,24 @@ def _train(
             record["trainer/longest_pause_s"] = longest_pause_s
             record["searcher/restarts"] = float(pool.restarts)
             t1 = time.perf_counter()  # evaluation and checkpoints pause training: not counted
+            finished = background.poll() if background else []
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
-                record.update(evaluate_policy(c, cfg, run_dir, step))
+                if background:
+                    finished += background.submit(step, published_state(c.policy))
+                    record["trainer/eval_wait_s"] = background.waited_s
+                else:
+                    record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
             if step % cfg.logging.every == 0 or key in record:
                 metrics.log(step, record)  # before the checkpoint: a resume from it finds this step logged
             every = cfg.trainer.checkpoint_every
             if (every and step % every == 0) or step == cfg.trainer.steps:
+                if background:  # its results belong before the checkpoint, like the step's own
+                    finished += background.finish()
                 save(c, run_dir)
+            _log_evaluations(finished, run_dir, metrics, display, step)
             paused_s += time.perf_counter() - t1
             step_end = time.perf_counter()  # evaluation and checkpoints are not pauses of the loop
-            display.update(step, record)
+            display.update(step, record, _searcher_versions(last_stats, pool))
     active_s = time.perf_counter() - loop_start - paused_s
     nodes = sorted({s["node"] for s in last_stats.values()})
     return {

@@ -37,16 +37,17 @@ def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     start = time.time()
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    cfg, run_dir, prepared = open_run(cfg, console)
-    log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
+    chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
+    cfg, run_dir, prepared = open_run(cfg, chatter)
+    log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     c = build_components(cfg, log, prepared=prepared)
     resumed = cfg.run.resume and resume(c, run_dir, log)
-    metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, start_time=start)
+    metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
     try:
         initial = {}
         if not resumed:  # (a resume republished what the searcher loads next)
             c.trainer.publish()  # the searcher starts from the trainer's weights
-            initial = evaluate_policy(c, cfg, run_dir, 0)
+            initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
             metrics.log(0, initial)
         _train(c, cfg, run_dir, metrics, initial)
     finally:
@@ -64,7 +65,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         trainer.ingest(searcher.step())
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
-    with RunDisplay(cfg.trainer.steps, cfg.logging.progress, eval_key=key) as display:
+    with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
             gen_start = time.perf_counter()
@@ -76,7 +77,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             record["searcher/generate_s"] = gen_s
             record.update(searcher.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
-                record.update(evaluate_policy(c, cfg, run_dir, step))
+                record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
             if step % cfg.logging.every == 0 or key in record:
                 metrics.log(step, record)
             display.update(step, record)
