@@ -170,14 +170,22 @@ def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, demo_cache):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=True,  # its own process group: cleaned up below whatever happens
+        # Ctrl-C in a terminal: SIGINT is never ignored there, but a test started in the background
+        # of a non-interactive shell inherits SIGINT ignored, and Python then keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = tmp_path / "i" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
-        time.sleep(0.5)
-    assert len(read_metrics(metrics)) >= 5, "training did not start"
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=30)  # promptly
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
+            time.sleep(0.5)
+        assert len(read_metrics(metrics)) >= 5, "training did not start"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)  # promptly
+    finally:
+        if proc.poll() is None:  # a failed test must not leave a run training in the background
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, stderr[-3000:]
     assert "interrupted" in stderr
     assert len(read_metrics(metrics)) >= 5
