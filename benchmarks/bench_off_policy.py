@@ -1,22 +1,40 @@
-"""The off-policy study: how each objective holds up as its training data gets staler.
+"""The off-policy study: does each objective hold up as its training data gets staler?
 
-    .venv/bin/python benchmarks/bench_off_policy.py                       # 5 objectives x k in {1,4,16} x 3 seeds
-    .venv/bin/python benchmarks/bench_off_policy.py --steps 400 --objectives tb grpo --intervals 1 16
-    .venv/bin/python benchmarks/bench_off_policy.py --jobs 2        # two runs at a time, one thread each
+    .venv/bin/python benchmarks/bench_off_policy.py sweep --jobs 2       # part 1: learning rates, on-policy
+    .venv/bin/python benchmarks/bench_off_policy.py main --jobs 2        # part 2: staleness x clipping x 3 seeds
+    .venv/bin/python benchmarks/bench_off_policy.py hard --jobs 2        # part 3: the same on 3-digit problems
+    .venv/bin/python benchmarks/bench_off_policy.py ablations --jobs 2   # part 4: the buffer's sampling settings
+    .venv/bin/python benchmarks/bench_off_policy.py report               # tables and plots of what has run
 
-Every run is the real CLI on the demo task in the ``sync`` runtime, where the staleness is exact
-and independent of machine load: with ``trainer.sync_interval=k`` the searcher samples with
-weights published up to k - 1 steps earlier, and the buffer's mix of recent and older prompts
-(``buffer.recent_prob``, 0.95 by default) adds older data on top. Everything else (steps, batch,
-learning rate, seeds) is the same for every objective. Prints a table of final greedy accuracy
-(mean ± std over seeds) and wall-clock per run, and plots accuracy against k to
-``<out>/off_policy.png``; raw results go to ``<out>/results.json``.
+Every run is the real CLI in the ``sync`` runtime, where staleness is exact and independent of
+machine load: ``buffer.fresh_only=true`` trains each step on exactly the groups generated for it
+(no replay), and ``runtime.extra_lag=D`` has the searcher sample with the weights published D
+steps before the newest, so every rollout of a step is exactly D steps old (``D = 0`` is
+on-policy; the first D steps see the initial weights). Parts:
+
+- ``sweep``: each objective at learning rates ``--lrs``, with gradient clipping at 1.0 and
+  without, on-policy, one seed; the best learning rate per objective and clipping setting is the
+  one with the highest mean of the last three evaluations (less noisy than the last alone).
+- ``main``: each objective at its best learning rate, staleness ``--staleness``, clipping on and
+  off, seeds ``--seeds``.
+- ``hard``: ``main`` on the harder variant (``task.digits=3``: 3-digit operands, answers of 1 to
+  4 characters plus the end token, against 1 to 3 on the demo), with the demo's learning rates.
+- ``ablations``: trajectory balance with the replay buffer (not fresh-only) in the sync runtime,
+  varying one setting at a time from the demo's defaults: recency ``buffer.recent_prob`` (m),
+  ``buffer.reward_inv_temp``, and the group size K.
+
+Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
+``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
+run in separate sessions. Each part's results go to ``--out``/PART/results.json
+(``benchmarks/results/off_policy``, kept in the repository); ``report`` prints markdown tables from
+them and writes ``sweep.png`` and ``staleness_main.png`` / ``staleness_hard.png`` there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -25,131 +43,302 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+OBJECTIVES = ["tb", "rloo", "rloo_proximal", "ppo", "grpo", "dr_grpo", "online_dpo"]
+HARD = ["--task.digits=3"]
+OBJECTIVE_ARGS = {name: [f"--objective.type={name}"] for name in OBJECTIVES}
+OBJECTIVE_ARGS["rloo_proximal"] = ["--objective.type=rloo", "--objective.rloo_proximal=true"]
+CLIP = {"on": "--trainer.grad_clip=1.0", "off": "--trainer.grad_clip=null"}
 
-def run_one(out: Path, objective: str, k: int, seed: int, steps: int, extra: list[str]) -> dict:
-    name = f"{objective}-k{k}-s{seed}"
-    if (out / name / "summary.json").is_file():  # resumable: finished runs are kept
-        summary = json.loads((out / name / "summary.json").read_text())
-    else:
-        args = [
+
+def run_name(part: str, objective: str, staleness: int, clip: str, lr: float, seed: int, extra: str = "") -> str:
+    return f"{part}/{objective}-D{staleness}-clip{clip}-lr{lr:g}-s{seed}{extra}"
+
+
+def run_one(out: Path, name: str, args: list[str], meta: dict) -> dict:
+    """Train one run with ``tba train`` (or read it back if it finished before)."""
+    run_dir = out / name
+    if not (run_dir / "summary.json").is_file():
+        if run_dir.exists():  # an interrupted run: start it again
+            import shutil
+
+            shutil.rmtree(run_dir)
+        cmd = [
             sys.executable,
             "-m",
             "tba",
             "train",
             "--runtime.type=sync",
-            f"--objective.type={objective}",
-            f"--trainer.sync_interval={k}",
-            f"--run.seed={seed}",
-            f"--trainer.steps={steps}",
-            f"--eval.every={steps}",
-            f"--run.output_dir={out}",
-            f"--run.name={name}",
+            f"--run.output_dir={run_dir.parent}",
+            f"--run.name={run_dir.name}",
             "--logging.progress=false",
-            *extra,
+            "--trainer.checkpoint_every=null",
+            "--trainer.keep_checkpoints=1",
+            *args,
         ]
-        proc = subprocess.run(args, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            return {"objective": objective, "k": k, "seed": seed, "error": proc.stderr[-2000:]}
-        summary = json.loads((out / name / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    losses = [r["train/loss"] for r in records if "train/loss" in r]
+            return {**meta, "name": name, "error": proc.stderr[-2000:]}
+        ckpts = run_dir / "checkpoints"
+        if ckpts.is_dir():  # the study needs the metrics, not the weights
+            import shutil
+
+            shutil.rmtree(ckpts)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
+    train = [r for r in records if "train/loss" in r]
     return {
-        "objective": objective,
-        "k": k,
-        "seed": seed,
-        "acc_initial": summary["eval/accuracy_initial"],
-        "acc_final": summary["eval/accuracy_final"],
+        **meta,
+        "name": name,
+        "acc_initial": evals[0],
+        "acc_final": evals[-1],
+        "acc_last3": statistics.mean(evals[-3:]),
+        "evals": evals,
         "wall_s": summary["wall_clock_s"],
-        "lag_mean": summary.get("lag_mean"),
-        "non_finite_losses": sum(1 for v in losses if v is None),
+        "lag_mean": statistics.mean(r["train/lag_mean"] for r in train),
+        "lag_max": max(r["train/lag_max"] for r in train),
+        "grad_norm_median": statistics.median(r["train/grad_norm"] for r in train if r["train/grad_norm"] is not None),
+        "non_finite_losses": sum(1 for r in train if r["train/loss"] is None),
+        "completion_len": statistics.mean(r["train/completion_len"] for r in train),
     }
 
 
-def build_model(extra: list[str]) -> None:
-    """Build (or find cached) the demo model that every run starts from."""
+def common_args(a, staleness: int, seed: int) -> list[str]:
+    return [
+        "--buffer.fresh_only=true",
+        f"--runtime.extra_lag={staleness}",
+        f"--trainer.steps={a.steps}",
+        f"--eval.every={a.eval_every}",
+        f"--run.seed={seed}",
+    ]
+
+
+def grid(a) -> list[tuple[str, list[str], dict]]:
+    """(run name, CLI arguments, metadata) of every run of part ``a.part``."""
+    jobs = []
+    if a.part == "sweep":
+        for objective in a.objectives:
+            for clip in ("on", "off"):
+                for lr in a.lrs:
+                    meta = {"part": "sweep", "objective": objective, "staleness": 0, "clip": clip, "lr": lr, "seed": 0}
+                    args = [*common_args(a, 0, 0), *OBJECTIVE_ARGS[objective], f"--trainer.lr={lr}", CLIP[clip]]
+                    jobs.append((run_name("sweep", objective, 0, clip, lr, 0), args, meta))
+    elif a.part in ("main", "hard"):
+        best = best_lrs(a.out)
+        for seed in a.seeds:
+            for staleness in a.staleness:
+                for objective in a.objectives:
+                    for clip in ("on", "off"):
+                        lr = best.get((objective, clip))
+                        if lr is None:
+                            sys.exit(f"no learning rate for {objective} clip {clip}: run the sweep part first")
+                        meta = {"part": a.part, "objective": objective, "staleness": staleness, "clip": clip}
+                        meta |= {"lr": lr, "seed": seed}
+                        args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective]]
+                        args += [f"--trainer.lr={lr}", CLIP[clip], *(HARD if a.part == "hard" else [])]
+                        jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta))
+    elif a.part == "ablations":
+        settings = [("recent_prob", m, f"--buffer.recent_prob={m}") for m in (0.5, 0.95, 1.0)]
+        settings += [("reward_inv_temp", t, f"--buffer.reward_inv_temp={t}") for t in (0.0, 1.0)]
+        settings += [("group_size", k, f"--generation.group_size={k}") for k in (4, 8, 16)]
+        for seed in a.seeds:
+            for key, value, flag in settings:
+                meta = {"part": "ablations", "setting": key, "value": value, "seed": seed, "objective": "tb"}
+                args = [f"--trainer.steps={a.steps}", f"--eval.every={a.eval_every}", f"--run.seed={seed}", flag]
+                jobs.append((f"ablations/{key}-{value:g}-s{seed}", args, meta))
+    return jobs
+
+
+def best_lrs(out: Path) -> dict[tuple[str, str], float]:
+    """Per (objective, clip): the sweep's learning rate with the highest mean of the last 3 evaluations."""
+    path = out / "sweep" / "results.json"
+    if not path.is_file():
+        return {}
+    best: dict[tuple[str, str], tuple[float, float]] = {}
+    for r in json.loads(path.read_text()):
+        if "error" in r:
+            continue
+        key = (r["objective"], r["clip"])
+        if key not in best or r["acc_last3"] > best[key][1]:
+            best[key] = (r["lr"], r["acc_last3"])
+    return {k: v[0] for k, v in best.items()}
+
+
+def run_part(a) -> None:
+    jobs = grid(a)
+    extra = [f"--run.threads={max(1, (os.cpu_count() or 1) // a.jobs)}"] if a.jobs > 1 else []
+    build_models(a.part)
+    results, start = [], time.time()
+    print(f"part {a.part}: {len(jobs)} runs, {a.jobs} at a time", flush=True)
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        futures = [pool.submit(run_one, a.runs, name, [*args, *extra], meta) for name, args, meta in jobs]
+        for future in futures:
+            r = future.result()
+            results.append(r)
+            status = r.get("error", "").strip().splitlines()[-1:] or [
+                f"{r['acc_initial']:.1%} -> {r['acc_final']:.1%} (last 3: {r['acc_last3']:.1%}) in {r['wall_s']:.0f} s"
+            ]
+            print(f"[{time.time() - start:6.0f} s] {r['name']}: {status[0]}", flush=True)
+    (a.out / a.part).mkdir(parents=True, exist_ok=True)
+    (a.out / a.part / "results.json").write_text(json.dumps(results, indent=2))
+    report(a)
+
+
+def build_models(part: str) -> None:
+    """Build (or find cached) the warm-started model every run of the part starts from, once,
+    before runs that would otherwise race to build it."""
     from tba.config import load_config
     from tba.runtime.components import model_paths
 
-    model_paths(load_config(None, extra), log=lambda msg: None)
+    model_paths(load_config(None, HARD if part == "hard" else []), log=lambda msg: print(msg, flush=True))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--objectives", nargs="+", default=["tb", "grpo", "dr_grpo", "ppo", "rloo"])
-    parser.add_argument("--intervals", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=Path("runs/bench-off-policy"))
-    parser.add_argument(
-        "--jobs", type=int, default=1, help="runs side by side; each gets cores/jobs torch threads (default 1)"
-    )
-    args, extra = parser.parse_known_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.jobs > 1:
-        extra = [f"--run.threads={max(1, (os.cpu_count() or 1) // args.jobs)}", *extra]
-    build_model(extra)  # once, before runs that would otherwise race to build it
-    grid = [(o, k, s) for s in args.seeds for k in args.intervals for o in args.objectives]
-    results, start = [], time.time()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_one, args.out, o, k, s, args.steps, extra) for o, k, s in grid]
-        for future in futures:
-            r = future.result()
-            results.append(r)
-            status = r.get("error", "").strip().splitlines()[-1:] or [f"{r['acc_final']:.1%}"]
-            label = f"{r['objective']:>8} k={r['k']:<3} seed {r['seed']}"
-            print(f"[{time.time() - start:6.0f} s] {label}: {status[0]}", flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-
-    ok = [r for r in results if "error" not in r]
-    initial = statistics.mean(r["acc_initial"] for r in ok) if ok else float("nan")
-    print(f"\n{args.steps} trainer steps per run, seeds {args.seeds}; initial accuracy {initial:.1%}\n")
-    print("| objective | " + " | ".join(f"k={k}: final accuracy" for k in args.intervals) + " | mean wall-clock s |")
-    print("|---|" + "---:|" * (len(args.intervals) + 1))
-    for objective in args.objectives:
-        cells = []
-        for k in args.intervals:
-            accs = [r["acc_final"] for r in ok if r["objective"] == objective and r["k"] == k]
-            failed = sum(1 for r in results if r["objective"] == objective and r["k"] == k and "error" in r)
-            m, s = mean_std(accs) if accs else (float("nan"), 0.0)
-            cells.append(f"{m:.1%} ± {s:.1%}" + (f" ({failed} failed)" if failed else ""))
-        walls = [r["wall_s"] for r in ok if r["objective"] == objective]
-        print(f"| {objective} | " + " | ".join(cells) + f" | {statistics.mean(walls):.0f} |")
-    bad = [r for r in ok if r["non_finite_losses"]]
-    print(f"\nruns with a non-finite loss: {len(bad)} of {len(ok)}; failed runs: {len(results) - len(ok)}")
-    plot(ok, args, args.out / "off_policy.png")
-    print(f"plot: {args.out / 'off_policy.png'}")
+def cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    m, s = mean_std(values)
+    return f"{m:.1%} ± {s:.1%}" if len(values) > 1 else f"{m:.1%}"
 
 
-def plot(results: list[dict], args, path: Path) -> None:
+def load(out: Path, part: str) -> list[dict]:
+    path = out / part / "results.json"
+    return [r for r in json.loads(path.read_text()) if "error" not in r] if path.is_file() else []
+
+
+def report(a) -> None:
+    """Markdown tables of every part that has results, and the plots."""
+    sweep = load(a.out, "sweep")
+    if sweep:
+        lrs = sorted({r["lr"] for r in sweep})
+        print("\n### Learning-rate sweep (on-policy, seed 0; mean of the last 3 evaluations)\n")
+        print("| objective | clip | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |")
+        print("|---|---|" + "---:|" * (len(lrs) + 1))
+        best = best_lrs(a.out)
+        for objective in OBJECTIVES:
+            for clip in ("on", "off"):
+                rows = {r["lr"]: r for r in sweep if r["objective"] == objective and r["clip"] == clip}
+                if rows:
+                    cells = [f"{rows[lr]['acc_last3']:.1%}" if lr in rows else "-" for lr in lrs]
+                    print(f"| {objective} | {clip} | " + " | ".join(cells) + f" | {best[(objective, clip)]:g} |")
+        plot_sweep(sweep, a.out / "sweep.png")
+    for part in ("main", "hard"):
+        rows = load(a.out, part)
+        if not rows:
+            continue
+        levels = sorted({r["staleness"] for r in rows})
+        seeds = sorted({r["seed"] for r in rows})
+        print(f"\n### {part}: final accuracy by staleness D (mean ± std over seeds {seeds})\n")
+        print("| objective | clip | lr | " + " | ".join(f"D={d}" for d in levels) + " | D=0 minus D=max |")
+        print("|---|---|---:|" + "---:|" * (len(levels) + 1))
+        for objective in OBJECTIVES:
+            for clip in ("on", "off"):
+                mine = [r for r in rows if r["objective"] == objective and r["clip"] == clip]
+                if not mine:
+                    continue
+                by = {d: [r["acc_final"] for r in mine if r["staleness"] == d] for d in levels}
+                drop = (
+                    statistics.mean(by[levels[0]]) - statistics.mean(by[levels[-1]])
+                    if by[levels[0]] and by[levels[-1]]
+                    else math.nan
+                )
+                cells = " | ".join(cell(by[d]) for d in levels)
+                print(f"| {objective} | {clip} | {mine[0]['lr']:g} | {cells} | {drop * 100:+.1f} pts |")
+        initial = statistics.mean(r["acc_initial"] for r in rows)
+        bad = sum(1 for r in rows if r["non_finite_losses"])
+        print(f"\ninitial accuracy {initial:.1%}; {len(rows)} runs; runs with a non-finite loss: {bad}")
+        plot_staleness(rows, a.out / f"staleness_{part}.png", part)
+    ablations = load(a.out, "ablations")
+    if ablations:
+        print("\n### Sampling ablations (tb, replay buffer, sync runtime; final accuracy, mean ± std over seeds)\n")
+        print("| setting | value | final accuracy | runs |")
+        print("|---|---:|---:|---:|")
+        for key in ("recent_prob", "reward_inv_temp", "group_size"):
+            for value in sorted({r["value"] for r in ablations if r["setting"] == key}):
+                accs = [r["acc_final"] for r in ablations if r["setting"] == key and r["value"] == value]
+                print(f"| {key} | {value:g} | {cell(accs)} | {len(accs)} |")
+
+
+def plot_sweep(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for objective in args.objectives:
-        xs, ms, ss = [], [], []
-        for k in args.intervals:
-            accs = [r["acc_final"] for r in results if r["objective"] == objective and r["k"] == k]
-            if accs:
-                m, s = mean_std(accs)
-                xs.append(k)
-                ms.append(m)
-                ss.append(s)
-        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=objective)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(args.intervals, [str(k) for k in args.intervals])
-    ax.set_xlabel("sync interval k (staleness of the sampler's weights)")
-    ax.set_ylabel(f"final greedy accuracy after {args.steps} steps")
-    ax.set_title("demo task: accuracy against off-policyness")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, clip in zip(axes, ("on", "off"), strict=True):
+        for objective in OBJECTIVES:
+            pts = sorted((r["lr"], r["acc_last3"]) for r in rows if r["objective"] == objective and r["clip"] == clip)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=objective)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_title(f"on-policy, gradient clipping {clip}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy, mean of the last 3 evaluations")
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
+
+
+def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted({r["staleness"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, clip in zip(axes, ("on", "off"), strict=True):
+        for objective in OBJECTIVES:
+            xs, ms, ss = [], [], []
+            for i, d in enumerate(levels):
+                accs = [
+                    r["acc_final"]
+                    for r in rows
+                    if r["objective"] == objective and r["clip"] == clip and r["staleness"] == d
+                ]
+                if accs:
+                    m, s = mean_std(accs)
+                    xs.append(i)
+                    ms.append(m)
+                    ss.append(s)
+            if xs:
+                ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=objective)
+        ax.set_xticks(range(len(levels)), [str(d) for d in levels])
+        ax.set_xlabel("staleness D (steps between the sampling weights and the trained ones)")
+        ax.set_title(f"{part}: gradient clipping {clip}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("final greedy accuracy (mean ± std over seeds)")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=["sweep", "main", "hard", "ablations", "report"])
+    parser.add_argument("--objectives", nargs="+", default=OBJECTIVES)
+    parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 16, 64])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--runs", type=Path, default=Path("runs/bench-off-policy"), help="run directories")
+    parser.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results/off_policy"), help="results.json per part, plots"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side; each gets cores/jobs torch threads")
+    a = parser.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.runs.mkdir(parents=True, exist_ok=True)
+    if a.part == "report":
+        report(a)
+    else:
+        run_part(a)
 
 
 if __name__ == "__main__":

@@ -412,6 +412,11 @@ class BufferConfig(_Section):
     """Distinct completions a prompt needs before it can be drawn."""
     min_groups: int | None = None
     """Groups to collect before the first step; default: one batch (trainer.batch_prompts)."""
+    fresh_only: bool = False
+    """On-policy training without replay (``runtime.type=sync``): each step trains on exactly the
+    groups generated for it (``generation.prompts_per_batch`` = ``trainer.batch_prompts``), every
+    completion as sampled, duplicates included; the buffer is not used. With
+    ``trainer.sync_interval=1`` and ``runtime.extra_lag=0`` every rollout is 0 steps old."""
 
 
 class TrainerConfig(_Section):
@@ -507,6 +512,11 @@ class RuntimeConfig(_Section):
     restart_window_s: float = Field(600.0, gt=0)
     """The window for ``max_searcher_restarts``, in seconds; also how long a dead searcher may take
     to come back."""
+    extra_lag: int = Field(0, ge=0)
+    """D > 0 (``runtime.type=sync``): the searcher samples with the weights published D steps
+    before the newest (the newest publication at least D steps old), so that data is exactly that
+    stale whatever the machine's speed; with ``buffer.fresh_only`` every rollout is D steps old at
+    ``trainer.sync_interval=1``. Keeps the last D / sync_interval + 1 publications in memory."""
 
 
 class LoggingConfig(_Section):
@@ -574,6 +584,29 @@ class Config(_Section):
             raise ValueError(
                 f"buffer.capacity {b.capacity} holds fewer completions than one batch (trainer.batch_prompts {batch} "
                 f"x generation.group_size {k} = {batch * k}), so training would wait forever; raise buffer.capacity"
+            )
+        if self.runtime.type != "sync":
+            for key, on in (("buffer.fresh_only=true", b.fresh_only), ("runtime.extra_lag", self.runtime.extra_lag)):
+                if on:
+                    raise ValueError(
+                        f"{key} controls staleness in the sync runtime, where generation and training "
+                        "alternate; set runtime.type=sync"
+                    )
+        if b.fresh_only and self.generation.prompts_per_batch != batch:
+            raise ValueError(
+                f"buffer.fresh_only=true trains each step on the groups just generated, so "
+                f"generation.prompts_per_batch ({self.generation.prompts_per_batch}) must equal "
+                f"trainer.batch_prompts ({batch})"
+            )
+        if b.fresh_only and self.generation.samples_per_prompt not in (None, k):
+            raise ValueError(
+                f"buffer.fresh_only=true trains on every sampled completion: generation.samples_per_prompt "
+                f"({self.generation.samples_per_prompt}) must be unset or equal generation.group_size ({k})"
+            )
+        if self.runtime.extra_lag and self.run.resume:
+            raise ValueError(
+                "run.resume with runtime.extra_lag: the delayed weights the searcher would load next are not "
+                "in the checkpoint; start the run afresh"
             )
         if self.eval.async_ and self.runtime.type != "ray":
             raise ValueError(

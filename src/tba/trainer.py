@@ -101,9 +101,11 @@ class Trainer:
         self.buffer.mark_sync()
         return time.perf_counter() - start
 
-    def step(self) -> dict[str, float]:
+    def step(self, batch: Batch | None = None) -> dict[str, float]:
+        """One optimizer step on ``batch``, by default one sampled from the replay buffer."""
         start = time.perf_counter()
-        batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
+        if batch is None:
+            batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
         o = self.objective
         beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
         metrics = self._accumulate_gradients(batch, beta)

@@ -9,6 +9,7 @@ processes implement the same three methods.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import Protocol
 
 import torch
@@ -26,26 +27,62 @@ class WeightStore(Protocol):
 
 class LocalWeightStore:
     """Keeps a detached copy of the newest weights, so later optimizer steps do not leak into
-    what searchers load (their data must be tagged with the version that really produced it)."""
+    what searchers load (their data must be tagged with the version that really produced it).
+    ``keep`` > 1 also keeps that many of the latest publications, for :class:`DelayedWeights`."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 1) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 publication, got {keep}")
         self._lock = threading.Lock()
-        self._version = -1
-        self._state: dict[str, torch.Tensor] | None = None
+        self._history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=keep)
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         copy = {k: v.detach().clone() for k, v in state_dict.items()}
         with self._lock:
-            if version <= self._version:
-                raise ValueError(f"published version {version} is not newer than {self._version}")
-            self._state, self._version = copy, version
+            if version <= self._newest():
+                raise ValueError(f"published version {version} is not newer than {self._newest()}")
+            self._history.append((version, copy))
+
+    def _newest(self) -> int:
+        return self._history[-1][0] if self._history else -1
 
     def latest_version(self) -> int:
         with self._lock:
-            return self._version
+            return self._newest()
 
     def fetch(self, newer_than: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        return self.fetch_delayed(newer_than, 0)
+
+    def fetch_delayed(self, newer_than: int, delay: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest weights published at least ``delay`` versions before the newest (the oldest
+        kept while there is none that old yet), if their version is above ``newer_than``."""
         with self._lock:
-            if self._state is None or self._version <= newer_than:
+            if not self._history:
                 return None
-            return self._version, self._state
+            cutoff = self._history[-1][0] - delay
+            chosen = next((item for item in reversed(self._history) if item[0] <= cutoff), self._history[0])
+            return chosen if chosen[0] > newer_than else None
+
+
+class DelayedWeights:
+    """What a searcher sees of a :class:`LocalWeightStore` when it must sample with old weights
+    (``runtime.extra_lag``): the newest publication at least ``delay`` versions behind the newest."""
+
+    def __init__(self, store: LocalWeightStore, delay: int) -> None:
+        self.store = store
+        self.delay = delay
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.store.publish(state_dict, version)
+
+    def latest_version(self) -> int:
+        return self.store.latest_version()
+
+    def fetch(self, newer_than: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        return self.store.fetch_delayed(newer_than, self.delay)
+
+
+def publications_to_keep(delay: int, sync_interval: int) -> int:
+    """Publications a store must keep so that one at least ``delay`` versions old is among them
+    (one every ``sync_interval`` versions)."""
+    return -(-delay // sync_interval) + 1

@@ -28,7 +28,7 @@ from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_mo
 from tba.searcher import Searcher
 from tba.tasks import Task, build_task
 from tba.trainer import Trainer
-from tba.weights import LocalWeightStore, WeightStore
+from tba.weights import DelayedWeights, LocalWeightStore, WeightStore, publications_to_keep
 
 
 def seed_everything(seed: int) -> None:
@@ -210,7 +210,8 @@ def build_components(
         policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
     eos = completion_eos(cfg, tokenizer, policy)
     pad = tokenizer.pad_token_id
-    weights = weights or LocalWeightStore()
+    lag = cfg.runtime.extra_lag
+    weights = weights or LocalWeightStore(keep=publications_to_keep(lag, cfg.trainer.sync_interval))
     buffer = make_buffer(cfg)
     trainer = Trainer(
         policy,
@@ -236,7 +237,8 @@ def build_components(
             reference = ReferenceView(sampler)
         else:
             reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
-        searcher = make_searcher(cfg, task, tokenizer, sampler, reference, weights)
+        seen = DelayedWeights(weights, lag) if lag else weights  # runtime.extra_lag: older weights
+        searcher = make_searcher(cfg, task, tokenizer, sampler, reference, seen)
     return Components(
         task,
         tokenizer,

@@ -9,12 +9,14 @@ debugging.
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
+from tba.buffer import fresh_batch
 from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
@@ -60,8 +62,9 @@ def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
 
 def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, initial: dict) -> None:
     trainer, searcher = c.trainer, c.searcher
+    fresh_only = cfg.buffer.fresh_only  # train on each step's own groups; the buffer stays empty
     min_groups = cfg.buffer.min_groups or cfg.trainer.batch_prompts
-    while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(cfg.trainer.batch_prompts):
+    while not fresh_only and (c.buffer.num_prompts < min_groups or not c.buffer.can_sample(cfg.trainer.batch_prompts)):
         trainer.ingest(searcher.step())
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
@@ -69,10 +72,15 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
             gen_start = time.perf_counter()
-            trainer.ingest(searcher.step())
+            groups = searcher.step()
             log_errors(run_dir, searcher.new_errors())
             gen_s = time.perf_counter() - gen_start
-            record = trainer.step()
+            if fresh_only:  # repeats (if any) drawn from a per-step seed: a resume draws the same
+                rng = random.Random(cfg.run.seed * 1_000_003 + trainer.version)
+                record = trainer.step(fresh_batch(groups, cfg.generation.group_size, trainer.version, rng))
+            else:
+                trainer.ingest(groups)
+                record = trainer.step()
             step = trainer.version
             record["searcher/generate_s"] = gen_s
             record.update(searcher.metrics())
