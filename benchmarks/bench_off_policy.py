@@ -26,8 +26,10 @@ on-policy; the first D steps see the initial weights). Parts:
 Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 ``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
 run in separate sessions. Each part's results go to ``--out``/PART/results.json
-(``benchmarks/results/off_policy``, kept in the repository); ``report`` prints markdown tables from
-them and writes ``sweep.png`` and ``staleness_main.png`` / ``staleness_hard.png`` there.
+(``benchmarks/results/off_policy``, kept in the repository), updated after every run and merged
+with earlier invocations (``main --seeds 0``, then ``main --seeds 1 2``: one table); ``report``
+prints markdown tables from them and writes ``sweep.png`` and ``staleness_main.png`` /
+``staleness_hard.png`` there.
 """
 
 from __future__ import annotations
@@ -168,19 +170,22 @@ def run_part(a) -> None:
     jobs = grid(a)
     extra = [f"--run.threads={max(1, (os.cpu_count() or 1) // a.jobs)}"] if a.jobs > 1 else []
     build_models(a.part)
-    results, start = [], time.time()
+    path = a.out / a.part / "results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # earlier invocations' results (other seeds, other objectives) stay; a run again replaces its own
+    results = {r["name"]: r for r in (json.loads(path.read_text()) if path.is_file() else [])}
+    start = time.time()
     print(f"part {a.part}: {len(jobs)} runs, {a.jobs} at a time", flush=True)
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         futures = [pool.submit(run_one, a.runs, name, [*args, *extra], meta) for name, args, meta in jobs]
         for future in futures:
             r = future.result()
-            results.append(r)
+            results[r["name"]] = r
+            path.write_text(json.dumps(list(results.values()), indent=2))  # after each run: nothing lost
             status = r.get("error", "").strip().splitlines()[-1:] or [
                 f"{r['acc_initial']:.1%} -> {r['acc_final']:.1%} (last 3: {r['acc_last3']:.1%}) in {r['wall_s']:.0f} s"
             ]
             print(f"[{time.time() - start:6.0f} s] {r['name']}: {status[0]}", flush=True)
-    (a.out / a.part).mkdir(parents=True, exist_ok=True)
-    (a.out / a.part / "results.json").write_text(json.dumps(results, indent=2))
     report(a)
 
 
