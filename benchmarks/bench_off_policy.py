@@ -38,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,8 +62,6 @@ def run_one(out: Path, name: str, args: list[str], meta: dict) -> dict:
     run_dir = out / name
     if not (run_dir / "summary.json").is_file():
         if run_dir.exists():  # an interrupted run: start it again
-            import shutil
-
             shutil.rmtree(run_dir)
         cmd = [
             sys.executable,
@@ -82,8 +81,6 @@ def run_one(out: Path, name: str, args: list[str], meta: dict) -> dict:
             return {**meta, "name": name, "error": proc.stderr[-2000:]}
         ckpts = run_dir / "checkpoints"
         if ckpts.is_dir():  # the study needs the metrics, not the weights
-            import shutil
-
             shutil.rmtree(ckpts)
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -267,14 +264,28 @@ def report(a) -> None:
                 print(f"| {key} | {value:g} | {cell(accs)} | {len(accs)} |")
 
 
-def plot_sweep(rows: list[dict], path: Path) -> None:
+def clip_panels():
+    """A figure with one panel for clipping on and one for off: (figure, [(axes, clip), ...])."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, clip in zip(axes, ("on", "off"), strict=True):
+    return fig, list(zip(axes, ("on", "off"), strict=True))
+
+
+def save_panels(fig, ylabel: str, path: Path) -> None:
+    axes = fig.axes
+    axes[0].set_ylabel(ylabel)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_sweep(rows: list[dict], path: Path) -> None:
+    fig, panels = clip_panels()
+    for ax, clip in panels:
         for objective in OBJECTIVES:
             pts = sorted((r["lr"], r["acc_last3"]) for r in rows if r["objective"] == objective and r["clip"] == clip)
             if pts:
@@ -283,21 +294,13 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("learning rate")
         ax.set_title(f"on-policy, gradient clipping {clip}")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy, mean of the last 3 evaluations")
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_panels(fig, "accuracy, mean of the last 3 evaluations", path)
 
 
 def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     levels = sorted({r["staleness"] for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, clip in zip(axes, ("on", "off"), strict=True):
+    fig, panels = clip_panels()
+    for ax, clip in panels:
         for objective in OBJECTIVES:
             xs, ms, ss = [], [], []
             for i, d in enumerate(levels):
@@ -317,10 +320,7 @@ def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
         ax.set_xlabel("staleness D (steps between the sampling weights and the trained ones)")
         ax.set_title(f"{part}: gradient clipping {clip}")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("final greedy accuracy (mean ± std over seeds)")
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_panels(fig, "final greedy accuracy (mean ± std over seeds)", path)
 
 
 def main() -> None:
