@@ -57,9 +57,14 @@ def run_name(part: str, objective: str, staleness: int, clip: str, lr: float, se
     return f"{part}/{objective}-D{staleness}-clip{clip}-lr{lr:g}-s{seed}{extra}"
 
 
-def run_one(out: Path, name: str, args: list[str], meta: dict) -> dict:
-    """Train one run with ``tba train`` (or read it back if it finished before)."""
+def run_one(out: Path, name: str, args: list[str], meta: dict, same_as: str | None = None) -> dict:
+    """Train one run with ``tba train`` (or read it back if it finished before). ``same_as``
+    names an earlier run with exactly the same arguments: its directory is copied instead."""
     run_dir = out / name
+    if same_as and not (run_dir / "summary.json").is_file() and (out / same_as / "summary.json").is_file():
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        shutil.copytree(out / same_as, run_dir)
     if not (run_dir / "summary.json").is_file():
         if run_dir.exists():  # an interrupted run: start it again
             shutil.rmtree(run_dir)
@@ -112,8 +117,10 @@ def common_args(a, staleness: int, seed: int) -> list[str]:
     ]
 
 
-def grid(a) -> list[tuple[str, list[str], dict]]:
-    """(run name, CLI arguments, metadata) of every run of part ``a.part``."""
+def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
+    """(run name, CLI arguments, metadata, earlier run with the same arguments) of every run of
+    part ``a.part``. The main part's on-policy seed-0 runs are the sweep's runs at the chosen
+    learning rate (same arguments, in the same order), so they are copied rather than run again."""
     jobs = []
     if a.part == "sweep":
         for objective in a.objectives:
@@ -121,7 +128,7 @@ def grid(a) -> list[tuple[str, list[str], dict]]:
                 for lr in a.lrs:
                     meta = {"part": "sweep", "objective": objective, "staleness": 0, "clip": clip, "lr": lr, "seed": 0}
                     args = [*common_args(a, 0, 0), *OBJECTIVE_ARGS[objective], f"--trainer.lr={lr}", CLIP[clip]]
-                    jobs.append((run_name("sweep", objective, 0, clip, lr, 0), args, meta))
+                    jobs.append((run_name("sweep", objective, 0, clip, lr, 0), args, meta, None))
     elif a.part in ("main", "hard"):
         best = best_lrs(a.out)
         for seed in a.seeds:
@@ -135,7 +142,9 @@ def grid(a) -> list[tuple[str, list[str], dict]]:
                         meta |= {"lr": lr, "seed": seed}
                         args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective]]
                         args += [f"--trainer.lr={lr}", CLIP[clip], *(HARD if a.part == "hard" else [])]
-                        jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta))
+                        same = staleness == 0 and seed == 0 and a.part == "main"
+                        same_as = run_name("sweep", objective, 0, clip, lr, 0) if same else None
+                        jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta, same_as))
     elif a.part == "ablations":
         settings = [("recent_prob", m, f"--buffer.recent_prob={m}") for m in (0.5, 0.95, 1.0)]
         settings += [("reward_inv_temp", t, f"--buffer.reward_inv_temp={t}") for t in (0.0, 1.0)]
@@ -144,7 +153,7 @@ def grid(a) -> list[tuple[str, list[str], dict]]:
             for key, value, flag in settings:
                 meta = {"part": "ablations", "setting": key, "value": value, "seed": seed, "objective": "tb"}
                 args = [f"--trainer.steps={a.steps}", f"--eval.every={a.eval_every}", f"--run.seed={seed}", flag]
-                jobs.append((f"ablations/{key}-{value:g}-s{seed}", args, meta))
+                jobs.append((f"ablations/{key}-{value:g}-s{seed}", args, meta, None))
     return jobs
 
 
@@ -174,7 +183,7 @@ def run_part(a) -> None:
     start = time.time()
     print(f"part {a.part}: {len(jobs)} runs, {a.jobs} at a time", flush=True)
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = [pool.submit(run_one, a.runs, name, [*args, *extra], meta) for name, args, meta in jobs]
+        futures = [pool.submit(run_one, a.runs, name, [*args, *extra], meta, same) for name, args, meta, same in jobs]
         for future in futures:
             r = future.result()
             results[r["name"]] = r

@@ -136,10 +136,12 @@ def resolve_target(target: str, config: str | None, overrides: list[str], checkp
                     f"{path} holds no checkpoint (a run saves one at its end and every trainer.checkpoint_every "
                     "steps); evaluate a model path instead"
                 )
-    elif path.name.startswith("step_") and (path / "trainer_state.json").is_file():
-        ckpt = path
-        if (path.parent.parent / "config.yaml").is_file():
-            run_dir = path.parent.parent
+    elif (
+        path.name.startswith("step_")
+        and (path / "trainer_state.json").is_file()
+        and (path.parent.parent / "config.yaml").is_file()
+    ):
+        run_dir, ckpt = path.parent.parent, path  # a checkpoint of a run (one without it is a model)
     elif path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file; give a run directory, a checkpoint directory or a model directory")
     elif (
@@ -159,11 +161,9 @@ def resolve_target(target: str, config: str | None, overrides: list[str], checkp
             if m.tokenizer is None and not m.policy.startswith("builtin:"):
                 updates["tokenizer"] = str(ckpt)  # saved beside the weights; no hub access needed
             cfg = cfg.model_copy(update={"model": m.model_copy(update=updates)})
-        label = f"{run_dir.name}@{ckpt.name}" if ckpt is not None else run_dir.name
+        label = f"{run_dir.name}@{ckpt.name}"
     else:
         cfg = load_config(config, [*overrides, f"--model.policy={target}"])
-        if ckpt is not None:  # a checkpoint without its run: the policy is the checkpoint itself
-            ckpt = None
         label = path.name if path.exists() else target
     local = path.is_dir()
     if ckpt is not None:

@@ -72,24 +72,17 @@ def evaluate_policy(
 def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
     """The evaluator of the trainer's own policy (built on first use)."""
     if c.evaluator is None:
-        c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, lambda: eval_reference(c, cfg))
+        # The frozen reference for evaluations that need it (KL): the searcher's in the sync
+        # runtime; in the ray runtime, where the trainer holds none, built once on first use.
+        if c.searcher is not None:
+            searcher = c.searcher
+            reference = lambda: searcher.reference  # noqa: E731
+        else:
+            from tba.runtime.components import lazy_reference
+
+            reference = lazy_reference(cfg, c.policy)
+        c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, reference)
     return c.evaluator
-
-
-def eval_reference(c: Components, cfg: Config):
-    """The frozen reference for evaluations that need it (KL): the searcher's in the sync runtime;
-    in the ray runtime, where the trainer holds none, loaded once on first use."""
-    if c.searcher is not None:
-        return c.searcher.reference
-    if c.reference is None:
-        from tba.models.loading import load_causal_lm
-        from tba.runtime.components import model_paths
-
-        m = cfg.model
-        _, ref_path = model_paths(cfg)
-        device = next(c.policy.parameters()).device
-        c.reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
-    return c.reference
 
 
 def eval_key(c: Components) -> str:

@@ -58,7 +58,6 @@ class Components:
     searcher: Searcher | None
     eos_ids: set[int]
     policy_path: str
-    reference: torch.nn.Module | None = None  # loaded for evaluation where no searcher holds one
     evaluator: Evaluator | None = None  # of the policy, built on first evaluation
 
 
@@ -225,8 +224,6 @@ def build_components(
         max_new_tokens=cfg.generation.max_new_tokens,
     )
     searcher = None
-    # Evaluation's reference where no searcher holds one: a LoRA policy's own base model.
-    eval_reference = ReferenceView(policy) if m.lora is not None and not with_searcher else None
     if with_searcher:
         # The searcher samples from its own copy of the policy, refreshed only when the trainer
         # publishes, so its data is tagged with the version that really produced it. A LoRA
@@ -248,7 +245,6 @@ def build_components(
         searcher,
         eos,
         policy_path,
-        reference=eval_reference,
     )
 
 
@@ -272,17 +268,27 @@ def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print) -> Ev
 
                 load_policy_weights(policy, checkpoint)
     eos = completion_eos(cfg, tokenizer, policy)
+    return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, policy, log))
+
+
+def lazy_reference(cfg: Config, policy: torch.nn.Module, log=print):
+    """The frozen reference for an evaluation that needs it (KL), as a function that builds it on
+    its first call and then returns the same one: a LoRA policy's base model (the adapter switched
+    off), else ``model.reference`` (or ``model.policy``) loaded beside ``policy``."""
     held: list[torch.nn.Module] = []
 
     def reference() -> torch.nn.Module:
-        if m.lora is not None:
-            return ReferenceView(policy)  # the base model: the adapter switched off
         if not held:
-            _, ref_path = model_paths(cfg, log)
-            held.append(load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False))
+            m = cfg.model
+            if m.lora is not None:
+                held.append(ReferenceView(policy))
+            else:
+                _, ref_path = model_paths(cfg, log)
+                device = next(policy.parameters()).device
+                held.append(load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False))
         return held[0]
 
-    return Evaluator(cfg, task, tokenizer, policy, eos, reference)
+    return reference
 
 
 def absolute_paths(cfg: Config) -> Config:
