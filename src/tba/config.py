@@ -568,6 +568,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
+        """Batch and buffer sizes that fit together."""
         t, b = self.trainer, self.buffer
         micro, batch, k = t.micro_batch_prompts, t.batch_prompts, self.generation.group_size
         if micro is not None and (micro < 1 or batch % micro):
@@ -585,6 +586,12 @@ class Config(_Section):
                 f"buffer.capacity {b.capacity} holds fewer completions than one batch (trainer.batch_prompts {batch} "
                 f"x generation.group_size {k} = {batch * k}), so training would wait forever; raise buffer.capacity"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_runtime(self) -> Config:
+        """Settings that only one runtime supports: exact staleness (sync), evaluation in an actor (ray)."""
+        b, batch, k = self.buffer, self.trainer.batch_prompts, self.generation.group_size
         if self.runtime.type != "sync":
             for key, on in (("buffer.fresh_only=true", b.fresh_only), ("runtime.extra_lag", self.runtime.extra_lag)):
                 if on:
