@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import ray
 from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
@@ -152,7 +153,12 @@ def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
     assert not ray_processes(), ray_processes()
 
 
-def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, demo_cache):
+# Ctrl-C, and what a scheduler (Slurm, Kubernetes) sends; status 128 + the signal's number
+STOPS = [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")]
+
+
+@pytest.mark.parametrize(("sig", "status", "said"), STOPS)
+def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cache, sig, status, said):
     env = {**os.environ, "TERM": "dumb"}
     proc = subprocess.Popen(
         [
@@ -181,12 +187,12 @@ def test_ctrl_c_stops_the_run_and_keeps_its_files(tmp_path, demo_cache):
         while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
             time.sleep(0.5)
         assert len(read_metrics(metrics)) >= 5, "training did not start"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=30)  # promptly
     finally:
         if proc.poll() is None:  # a failed test must not leave a run training in the background
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, stderr[-3000:]
-    assert "interrupted" in stderr
+    assert proc.returncode == status, stderr[-3000:]
+    assert said in stderr and "run directory is kept" in stderr
     assert len(read_metrics(metrics)) >= 5
     assert not ray_processes(), ray_processes()

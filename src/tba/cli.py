@@ -17,7 +17,7 @@ import traceback
 
 from tba import __version__, allocator
 from tba.config import ConfigError, load_config
-from tba.errors import UserError
+from tba.errors import Terminated, UserError
 
 USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--debug]
 
@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tba: {err}", file=sys.stderr)
         print("tba: what was written to the run directory is kept", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("tba: interrupted; what was written to the run directory is kept", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        # the shell's convention: 128 + the signal's number (SIGINT 2, SIGTERM 15)
+        stopped = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        print(f"tba: {stopped}; what was written to the run directory is kept", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     return 0
 
 

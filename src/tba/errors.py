@@ -22,3 +22,7 @@ class RunDirError(UserError, OSError):
 
 class MissingDependency(UserError, ImportError):
     """An optional package that a setting needs is not installed; the message names the pip command."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is so that it unwinds like Ctrl-C; ``tba train`` exits 143."""

@@ -221,7 +221,9 @@ def _interrupt_on_sigterm():
         return None
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        from tba.errors import Terminated
+
+        raise Terminated(f"signal {signum}")
 
     return signal.signal(signal.SIGTERM, interrupt)
 
@@ -242,13 +244,14 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     cfg, run_dir, prepared = open_run(cfg, chatter)  # builds the demo model on every core, before the split
     torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
-    old_sigterm = _interrupt_on_sigterm()
     watchdog = _start_watchdog(cfg)
-    started_ray = False
+    started_ray, old_sigterm = False, None
     actors, metrics, background = [], None, None
     inbox = None
     try:
         started_ray = _init_ray(cfg)
+        # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
+        old_sigterm = _interrupt_on_sigterm()
         board, inbox = WeightBoard.remote(), Inbox.remote()
         c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
         resumed = cfg.run.resume and resume(c, run_dir, log)
