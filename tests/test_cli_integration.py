@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from tests.conftest import SMALL_DEMO_ARGS
@@ -116,3 +118,26 @@ def test_bad_override_fails_fast_with_the_key(tmp_path, cache_dir):
     proc = tba("train", "--trainer.lrr=1", cache_dir=cache_dir, cwd=tmp_path)
     assert proc.returncode == 2 and "trainer.lrr" in proc.stderr and "unknown key" in proc.stderr
     assert not (tmp_path / "runs").exists()  # rejected before anything was created
+
+
+def test_sigterm_stops_a_sync_run_and_keeps_its_files(tmp_path, cache_dir):
+    """What a scheduler sends (Slurm, Kubernetes): the run unwinds like Ctrl-C and exits 143."""
+    env = {**os.environ, "TBA_CACHE": str(cache_dir), "TERM": "dumb"}
+    args = [*SMALL_DEMO, "--trainer.steps=100000", f"--run.output_dir={tmp_path}", "--run.name=t"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tba", "train", *args], stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    metrics = tmp_path / "t" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
+            time.sleep(0.2)
+        assert len(read_metrics(metrics)) >= 5, "training did not start"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-3000:]  # not -15: the handler ran and the run unwound
+    assert "terminated (SIGTERM); what was written to the run directory is kept" in stderr
+    assert len(read_metrics(metrics)) >= 5

@@ -12,12 +12,13 @@ keep their traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 
 from tba import __version__, allocator
 from tba.config import ConfigError, load_config
-from tba.errors import Terminated, UserError
+from tba.errors import Terminated, UserError, interrupt_on_sigterm
 
 USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--debug]
 
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from tba.runtime.sync import run_sync as run
 
+    old_sigterm = interrupt_on_sigterm()  # the ray runtime sets it again after ray.init
     try:
         run_or_clean_up(run, cfg)
     except UserError as err:
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         stopped = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
         print(f"tba: {stopped}; what was written to the run directory is kept", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
+    finally:
+        if old_sigterm is not None:
+            signal.signal(signal.SIGTERM, old_sigterm)
     return 0
 
 

@@ -7,6 +7,9 @@ the fix. ``tba train`` prints it on one line and exits with status 2 (the traceb
 
 from __future__ import annotations
 
+import signal
+import threading
+
 
 class UserError(Exception):
     """Bad input, caught before training starts; the message says what is wrong and what to do."""
@@ -26,3 +29,15 @@ class MissingDependency(UserError, ImportError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the run is so that it unwinds like Ctrl-C; ``tba train`` exits 143."""
+
+
+def interrupt_on_sigterm():
+    """Make SIGTERM unwind the run like Ctrl-C (``finally`` blocks run: logs closed, Ray shut down)
+    by raising :class:`Terminated`; returns the previous handler (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, terminate)

@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +40,7 @@ from rich.console import Console
 from tba import allocator
 from tba.config import Config, build_config
 from tba.console import RunDisplay
+from tba.errors import interrupt_on_sigterm
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.lora import published_state
@@ -215,19 +215,6 @@ def _stop_watchdog(proc: subprocess.Popen | None) -> None:
             proc.kill()
 
 
-def _interrupt_on_sigterm():
-    """Make SIGTERM unwind the run like Ctrl-C (finally blocks run, Ray is shut down); returns the old handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupt(signum, frame):
-        from tba.errors import Terminated
-
-        raise Terminated(f"signal {signum}")
-
-    return signal.signal(signal.SIGTERM, interrupt)
-
-
 def _trainer_threads(cfg: Config) -> int:
     if cfg.runtime.trainer_cpus:
         return cfg.runtime.trainer_cpus
@@ -251,7 +238,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     try:
         started_ray = _init_ray(cfg)
         # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
-        old_sigterm = _interrupt_on_sigterm()
+        old_sigterm = interrupt_on_sigterm()
         board, inbox = WeightBoard.remote(), Inbox.remote()
         c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
         resumed = cfg.run.resume and resume(c, run_dir, log)
