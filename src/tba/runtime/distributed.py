@@ -149,7 +149,10 @@ class Inbox:
 
 @ray.remote
 class SearcherWorker:
-    def __init__(self, cfg_data: dict, searcher_id: int, board, inbox, threads: int, driver_cwd: str = "") -> None:
+    def __init__(self, cfg_data: dict, searcher_id: int, names: tuple[str, str], threads: int, driver_cwd: str = ""):
+        # The board and the inbox are found by name: an actor handle among the constructor's
+        # arguments makes Ray warn on every run that a restart might fail (ray-project/ray#53727).
+        board, inbox = (ray.get_actor(name) for name in names)
         torch.set_num_threads(threads)
         if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
             sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
@@ -239,7 +242,9 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         started_ray = _init_ray(cfg)
         # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
         old_sigterm = interrupt_on_sigterm()
-        board, inbox = WeightBoard.remote(), Inbox.remote()
+        run_id = uuid.uuid4().hex[:12]
+        names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
+        board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote()
         c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
         resumed = cfg.run.resume and resume(c, run_dir, log)
         metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
@@ -254,7 +259,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
                 num_gpus=r.searcher_gpus,
                 resources=dict(r.searcher_resources),
                 max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
-            ).remote(cfg_data, i, board, inbox, threads, os.getcwd())
+            ).remote(cfg_data, i, names, threads, os.getcwd())
             for i in range(r.num_searchers)
         ]
         c.trainer.publish()  # searchers start from the trainer's weights
