@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_off_policy.py sweep --jobs 2       # part 1: learning rates, on-policy
     .venv/bin/python benchmarks/bench_off_policy.py main --jobs 2        # part 2: staleness x clipping x 3 seeds
     .venv/bin/python benchmarks/bench_off_policy.py hard --jobs 2        # part 3: the same on 3-digit problems
-    .venv/bin/python benchmarks/bench_off_policy.py ablations --jobs 2   # part 4: the buffer's sampling settings
+    .venv/bin/python benchmarks/bench_off_policy.py anneal --jobs 2      # part 4: tb against rloo with β annealed
+    .venv/bin/python benchmarks/bench_off_policy.py ablations --jobs 2   # part 5: the buffer's sampling settings
     .venv/bin/python benchmarks/bench_off_policy.py report               # tables and plots of what has run
 
 Every run is the real CLI in the ``sync`` runtime, where staleness is exact and independent of
@@ -19,6 +20,9 @@ on-policy; the first D steps see the initial weights). Parts:
   off, seeds ``--seeds``.
 - ``hard``: ``main`` on the harder variant (``task.digits=3``: 3-digit operands, answers of 1 to
   4 characters plus the end token, against 1 to 3 on the demo), with the demo's learning rates.
+- ``anneal``: ``tb`` and plain ``rloo``, on-policy, clipping off, with β annealed linearly from
+  0.05 to 0.005 over 300 steps (``ANNEAL``): the one setting where their updates should part,
+  since TB's gradient on the reward grows as 1/β and RLOO's does not.
 - ``ablations``: trajectory balance with the replay buffer (not fresh-only) in the sync runtime,
   varying one setting at a time from the demo's defaults: recency ``buffer.recent_prob`` (m),
   ``buffer.reward_inv_temp``, and the group size K.
@@ -51,6 +55,8 @@ HARD = ["--task.digits=3"]
 OBJECTIVE_ARGS = {name: [f"--objective.type={name}"] for name in OBJECTIVES}
 OBJECTIVE_ARGS["rloo_proximal"] = ["--objective.type=rloo", "--objective.rloo_proximal=true"]
 CLIP = {"on": "--trainer.grad_clip=1.0", "off": "--trainer.grad_clip=null"}
+# β annealed linearly (beta, beta_final, steps), as the paper does on GSM8K (0.014 -> 0.004) and TL;DR
+ANNEAL = (0.05, 0.005, 300)
 ABLATION_DEFAULTS = {"recent_prob": 0.95, "reward_inv_temp": 0.0, "group_size": 8}
 # What a run's accuracy is in the tables and plots: the mean of its last three greedy evaluations
 # (steps 300, 350 and 400 by default), less noisy than the last one alone.
@@ -128,7 +134,7 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
     jobs = []
     if a.part == "sweep":
         for objective in a.objectives:
-            for clip in ("on", "off"):
+            for clip in a.clips:
                 for lr in a.lrs:
                     meta = {"part": "sweep", "objective": objective, "staleness": 0, "clip": clip, "lr": lr, "seed": 0}
                     args = [*common_args(a, 0, 0), *OBJECTIVE_ARGS[objective], f"--trainer.lr={lr}", CLIP[clip]]
@@ -138,7 +144,7 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
         for seed in a.seeds:
             for staleness in a.staleness:
                 for objective in a.objectives:
-                    for clip in ("on", "off"):
+                    for clip in a.clips:
                         lr = best.get((objective, clip))
                         if lr is None:
                             sys.exit(f"no learning rate for {objective} clip {clip}: run the sweep part first")
@@ -149,6 +155,15 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                         same = staleness == 0 and seed == 0 and a.part == "main"
                         same_as = run_name("sweep", objective, 0, clip, lr, 0) if same else None
                         jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta, same_as))
+    elif a.part == "anneal":
+        for seed in a.seeds:
+            for objective in ("tb", "rloo"):
+                meta = {"part": "anneal", "objective": objective, "staleness": 0, "clip": "off", "lr": 1e-4}
+                meta |= {"seed": seed, "beta": f"{ANNEAL[0]} -> {ANNEAL[1]} over {ANNEAL[2]} steps"}
+                args = [*common_args(a, 0, seed), *OBJECTIVE_ARGS[objective], "--trainer.lr=0.0001", CLIP["off"]]
+                args += [f"--objective.beta={ANNEAL[0]}", f"--objective.beta_final={ANNEAL[1]}"]
+                args += [f"--objective.beta_anneal_steps={ANNEAL[2]}"]
+                jobs.append((f"anneal/{objective}-clipoff-s{seed}", args, meta, None))
     elif a.part == "ablations":
         # The demo's defaults (m 0.95, inverse temperature 0, K 8) are one run per seed, shared by
         # the three settings' rows; each other value changes one setting from it.
@@ -273,6 +288,17 @@ def report(a) -> None:
         bad = sum(1 for r in rows if r["non_finite_losses"])
         print(f"\ninitial accuracy {initial:.1%}; {len(rows)} runs; runs with a non-finite loss: {bad}")
         plot_staleness(rows, a.out / f"staleness_{part}.png", part)
+    anneal = load(a.out, "anneal")
+    if anneal:
+        constant = [r for r in load(a.out, "main") if r["staleness"] == 0 and r["clip"] == "off"]
+        print(f"\n### tb against rloo, on-policy, clipping off: β {ANNEAL[0]} constant or annealed to {ANNEAL[1]}\n")
+        print("| objective | β constant | β annealed | median gradient norm (annealed) |")
+        print("|---|---:|---:|---:|")
+        for objective in ("tb", "rloo"):
+            flat = [r[METRIC] for r in constant if r["objective"] == objective]
+            mine = [r for r in anneal if r["objective"] == objective]
+            norms = statistics.median(r["grad_norm_median"] for r in mine)
+            print(f"| {objective} | {cell(flat)} | {cell([r[METRIC] for r in mine])} | {norms:.3g} |")
     ablations = load(a.out, "ablations")
     if ablations:
         print("\n### Sampling ablations (tb, replay buffer, sync runtime; accuracy, mean ± std over seeds)\n")
@@ -349,11 +375,12 @@ def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["sweep", "main", "hard", "ablations", "report"])
+    parser.add_argument("part", choices=["sweep", "main", "hard", "anneal", "ablations", "report"])
     parser.add_argument("--objectives", nargs="+", default=OBJECTIVES)
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 16, 64])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--clips", nargs="+", choices=["on", "off"], default=["on", "off"], help="gradient clipping")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--runs", type=Path, default=Path("runs/bench-off-policy"), help="run directories")
