@@ -130,7 +130,8 @@ def common_args(a, staleness: int, seed: int) -> list[str]:
 def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
     """(run name, CLI arguments, metadata, earlier run with the same arguments) of every run of
     part ``a.part``. The main part's on-policy seed-0 runs are the sweep's runs at the chosen
-    learning rate (same arguments, in the same order), so they are copied rather than run again."""
+    learning rate (same arguments, in the same order), and on-policy ``rloo_proximal`` is the same
+    computation as ``rloo`` (a ratio of 1), so those are copied rather than run again."""
     jobs = []
     if a.part == "sweep":
         for objective in a.objectives:
@@ -152,8 +153,13 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                         meta |= {"lr": lr, "seed": seed}
                         args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective]]
                         args += [f"--trainer.lr={lr}", CLIP[clip], *(HARD if a.part == "hard" else [])]
-                        same = staleness == 0 and seed == 0 and a.part == "main"
-                        same_as = run_name("sweep", objective, 0, clip, lr, 0) if same else None
+                        same_as = None
+                        if staleness == 0 and seed == 0 and a.part == "main":
+                            same_as = run_name("sweep", objective, 0, clip, lr, 0)
+                        elif staleness == 0 and objective == "rloo_proximal" and best.get(("rloo", clip)) == lr:
+                            # on-policy the sequence ratio is exactly 1: the sweep's rloo and
+                            # rloo_proximal runs agree evaluation for evaluation at every lr
+                            same_as = run_name(a.part, "rloo", 0, clip, lr, seed)
                         jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta, same_as))
     elif a.part == "anneal":
         for seed in a.seeds:
@@ -205,9 +211,19 @@ def run_part(a) -> None:
     results = {r["name"]: r for r in (json.loads(path.read_text()) if path.is_file() else [])}
     start = time.time()
     print(f"part {a.part}: {len(jobs)} runs, {a.jobs} at a time", flush=True)
+    # copies last, each after the run it copies (which this invocation may be running)
+    jobs.sort(key=lambda job: job[3] is not None)
+    submitted = {}
+
+    def run_after(name, args, meta, same):
+        if same in submitted:
+            submitted[same].result()
+        return run_one(a.runs, name, [*args, *extra], meta, same)
+
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = [pool.submit(run_one, a.runs, name, [*args, *extra], meta, same) for name, args, meta, same in jobs]
-        for future in futures:
+        for name, args, meta, same in jobs:
+            submitted[name] = pool.submit(run_after, name, args, meta, same)
+        for future in list(submitted.values()):
             r = future.result()
             results[r["name"]] = r
             path.write_text(json.dumps(list(results.values()), indent=2))  # after each run: nothing lost
