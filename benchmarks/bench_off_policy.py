@@ -32,8 +32,9 @@ Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 run in separate sessions. Each part's results go to ``--out``/PART/results.json
 (``benchmarks/results/off_policy``, kept in the repository), updated after every run and merged
 with earlier invocations (``main --seeds 0``, then ``main --seeds 1 2``: one table); ``report``
-prints markdown tables from them and writes ``sweep.png`` and ``staleness_main.png`` /
-``staleness_hard.png`` there.
+prints markdown tables from them and writes ``sweep.png``, ``staleness_main.png`` /
+``staleness_hard.png`` (accuracy against D) and ``curves_main.png`` / ``curves_hard.png``
+(accuracy against the step, clipping off) there.
 """
 
 from __future__ import annotations
@@ -304,6 +305,7 @@ def report(a) -> None:
         bad = sum(1 for r in rows if r["non_finite_losses"])
         print(f"\ninitial accuracy {initial:.1%}; {len(rows)} runs; runs with a non-finite loss: {bad}")
         plot_staleness(rows, a.out / f"staleness_{part}.png", part)
+        plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every)
     anneal = load(a.out, "anneal")
     if anneal:
         constant = [r for r in load(a.out, "main") if r["staleness"] == 0 and r["clip"] == "off"]
@@ -382,11 +384,41 @@ def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
                     ss.append(s)
             if xs:
                 ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=objective)
+        initial = statistics.mean(r["acc_initial"] for r in rows)
+        ax.axhline(initial, color="gray", linestyle="--", linewidth=1, label="before training")
         ax.set_xticks(range(len(levels)), [str(d) for d in levels])
         ax.set_xlabel("staleness D (steps between the sampling weights and the trained ones)")
         ax.set_title(f"{part}: gradient clipping {clip}")
         ax.grid(alpha=0.3)
-    save_panels(fig, "greedy accuracy, last 3 evaluations (mean ± std over seeds)", path)
+    save_panels(fig, "accuracy (last 3 evaluations)", path)
+
+
+def plot_curves(rows: list[dict], path: Path, part: str, eval_every: int, clip: str = "off") -> None:
+    """Greedy accuracy against the trainer step, one panel per staleness D, one line per objective
+    (mean over seeds): whether each run plateaued, and how the stale ones get there (or do not)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = sorted({r["staleness"] for r in rows})
+    fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels), 3.6), sharey=True, squeeze=False)
+    for ax, d in zip(axes[0], levels, strict=True):
+        for objective in OBJECTIVES:
+            runs = [
+                r["evals"] for r in rows if r["objective"] == objective and r["clip"] == clip and r["staleness"] == d
+            ]
+            if runs:
+                n = min(len(e) for e in runs)
+                mean = [statistics.mean(e[i] for e in runs) for i in range(n)]
+                ax.plot([i * eval_every for i in range(n)], mean, marker=".", label=objective)
+        ax.set_title(f"{part}, D = {d}, clipping {clip}")
+        ax.set_xlabel("trainer step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("greedy accuracy (mean over seeds)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
