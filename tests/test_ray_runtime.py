@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 import ray
@@ -100,30 +102,44 @@ def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
         cluster.shutdown()
 
 
-def ray_processes(wait_s: float = 15.0) -> list[str]:
-    """Live Ray processes on this machine (exited ones awaiting their parent's reaping don't count),
-    after giving a just-finished shutdown a few seconds."""
+def ray_processes(mark: str, wait_s: float = 15.0) -> list[str]:
+    """Live Ray processes (raylet, GCS server, workers) that a test's ``tba train`` started: those
+    whose environment carries ``TBA_TEST_MARK=mark``, which Ray passes on to every process it
+    starts. Other Ray jobs on the machine don't count, nor exited processes awaiting their
+    parent's reaping. Gives a just-finished shutdown up to ``wait_s`` seconds."""
     deadline = time.time() + wait_s
+    tag = f"TBA_TEST_MARK={mark}".encode()
     while True:
-        out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout.splitlines()
-        live = [
-            line
-            for line in out
-            if not line.lstrip().startswith("Z") and any(n in line for n in ("raylet", "gcs_server", "ray::"))
-        ]
+        live = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if tag not in (proc / "environ").read_bytes().split(b"\0"):
+                    continue
+                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:  # gone meanwhile, or another user's
+                continue
+            if state != "Z" and any(name in args for name in ("raylet", "gcs_server", "ray::")):
+                live.append(f"{proc.name} {args.strip()}")
         if not live or time.time() > deadline:
             return live
         time.sleep(0.5)
 
 
+def marked_env() -> tuple[dict[str, str], str]:
+    """The environment for a test's ``tba train`` child, with a mark ``ray_processes`` finds."""
+    mark = uuid.uuid4().hex
+    return {**os.environ, "TERM": "dumb", "TBA_TEST_MARK": mark}, mark
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds Ray's processes through /proc")
 def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
-    assert not ray_processes()
     # a reference whose config passes the driver's checks but whose weights only a searcher loads
     broken = tmp_path / "broken-reference"
     shutil.copytree(next(demo_cache.glob("tiny-arithmetic-*")), broken)
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(b"not a safetensors file")
-    env = {**os.environ, "TERM": "dumb"}
+    env, mark = marked_env()
     proc = subprocess.run(
         [
             sys.executable,
@@ -150,16 +166,17 @@ def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
     records = read_metrics(tmp_path / "f" / "metrics.jsonl")  # the initial evaluation is kept
     assert records and records[0]["step"] == 0 and "eval/accuracy" in records[0]
     assert (tmp_path / "f" / "config.yaml").is_file()
-    assert not ray_processes(), ray_processes()
+    assert not ray_processes(mark), ray_processes(mark, wait_s=0)
 
 
 # Ctrl-C, and what a scheduler (Slurm, Kubernetes) sends; status 128 + the signal's number
 STOPS = [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")]
 
 
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds Ray's processes through /proc")
 @pytest.mark.parametrize(("sig", "status", "said"), STOPS)
 def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cache, sig, status, said):
-    env = {**os.environ, "TERM": "dumb"}
+    env, mark = marked_env()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -187,6 +204,8 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cach
         while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
             time.sleep(0.5)
         assert len(read_metrics(metrics)) >= 5, "training did not start"
+        running = ray_processes(mark, wait_s=0)  # what must be gone once it stops
+        assert any("raylet" in p for p in running) and any("ray::SearcherWorker" in p for p in running), running
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=30)  # promptly
     finally:
@@ -197,4 +216,4 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cach
     # the searchers find the board and inbox by name: no warning that their restart might fail
     assert "constructor arguments in the object store" not in stderr
     assert len(read_metrics(metrics)) >= 5
-    assert not ray_processes(), ray_processes()
+    assert not ray_processes(mark), ray_processes(mark, wait_s=0)
