@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/bench_off_policy.py hard --jobs 2        # part 3: the same on 3-digit problems
     .venv/bin/python benchmarks/bench_off_policy.py anneal --jobs 2      # part 4: tb against rloo with β annealed
     .venv/bin/python benchmarks/bench_off_policy.py ablations --jobs 2   # part 5: the buffer's sampling settings
+    .venv/bin/python benchmarks/bench_off_policy.py lr --lr 3e-5 --objectives tb --clips off --staleness 0 16 64
+                                                                         # part 6: main at another learning rate
     .venv/bin/python benchmarks/bench_off_policy.py report               # tables and plots of what has run
 
 Every run is the real CLI in the ``sync`` runtime, where staleness is exact and independent of
@@ -26,6 +28,8 @@ on-policy; the first D steps see the initial weights). Parts:
 - ``ablations``: trajectory balance with the replay buffer (not fresh-only) in the sync runtime,
   varying one setting at a time from the demo's defaults: recency ``buffer.recent_prob`` (m),
   ``buffer.reward_inv_temp``, and the group size K.
+- ``lr``: ``main`` with every objective at the learning rate ``--lr`` instead of its on-policy
+  best, to see whether an objective that suffers from stale data does better with smaller steps.
 
 Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 ``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
@@ -141,13 +145,15 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                     meta = {"part": "sweep", "objective": objective, "staleness": 0, "clip": clip, "lr": lr, "seed": 0}
                     args = [*common_args(a, 0, 0), *OBJECTIVE_ARGS[objective], f"--trainer.lr={lr}", CLIP[clip]]
                     jobs.append((run_name("sweep", objective, 0, clip, lr, 0), args, meta, None))
-    elif a.part in ("main", "hard"):
+    elif a.part in ("main", "hard", "lr"):
         best = best_lrs(a.out)
+        if a.part == "lr" and a.lr is None:
+            sys.exit("the lr part trains at the learning rate --lr: give one")
         for seed in a.seeds:
             for staleness in a.staleness:
                 for objective in a.objectives:
                     for clip in a.clips:
-                        lr = best.get((objective, clip))
+                        lr = a.lr if a.part == "lr" else best.get((objective, clip))
                         if lr is None:
                             sys.exit(f"no learning rate for {objective} clip {clip}: run the sweep part first")
                         meta = {"part": a.part, "objective": objective, "staleness": staleness, "clip": clip}
@@ -155,7 +161,7 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                         args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective]]
                         args += [f"--trainer.lr={lr}", CLIP[clip], *(HARD if a.part == "hard" else [])]
                         same_as = None
-                        if staleness == 0 and seed == 0 and a.part == "main":
+                        if staleness == 0 and seed == 0 and a.part in ("main", "lr") and lr in a.lrs:
                             same_as = run_name("sweep", objective, 0, clip, lr, 0)
                         elif staleness == 0 and objective == "rloo_proximal" and best.get(("rloo", clip)) == lr:
                             # on-policy the sequence ratio is exactly 1: the sweep's rloo and
@@ -308,6 +314,7 @@ def report(a) -> None:
         print(f"completions of {length:.2f} tokens on average (end token included)")
         plot_staleness(rows, a.out / f"staleness_{part}.png", part)
         plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every)
+    report_lr(a)
     anneal = load(a.out, "anneal")
     if anneal:
         constant = [r for r in load(a.out, "main") if r["staleness"] == 0 and r["clip"] == "off"]
@@ -353,6 +360,29 @@ def save_panels(fig, ylabel: str, path: Path) -> None:
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def report_lr(a) -> None:
+    """The lr part's runs next to the main part's at the on-policy best learning rate."""
+    rows = load(a.out, "lr")
+    if not rows:
+        return
+    main_rows = load(a.out, "main")
+    levels = sorted({r["staleness"] for r in rows})
+    seeds = sorted({r["seed"] for r in rows})
+    print(f"\n### main at another learning rate: accuracy by staleness D, mean ± std over seeds {seeds}\n")
+    print("| objective | clip | lr | " + " | ".join(f"D={d}" for d in levels) + " |")
+    print("|---|---|---:|" + "---:|" * len(levels))
+    for objective in OBJECTIVES:
+        for clip in ("on", "off"):
+            mine = [r for r in rows if r["objective"] == objective and r["clip"] == clip]
+            if not mine:
+                continue
+            for source, label in ((main_rows, "(on-policy best)"), (mine, "")):
+                source = [r for r in source if r["objective"] == objective and r["clip"] == clip and r["seed"] in seeds]
+                for lr in sorted({r["lr"] for r in source}, reverse=True):
+                    cells = [cell([r[METRIC] for r in source if r["lr"] == lr and r["staleness"] == d]) for d in levels]
+                    print(f"| {objective} | {clip} | {lr:g} {label} | " + " | ".join(cells) + " |")
 
 
 def plot_sweep(rows: list[dict], path: Path) -> None:
@@ -425,9 +455,10 @@ def plot_curves(rows: list[dict], path: Path, part: str, eval_every: int, clip: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["sweep", "main", "hard", "anneal", "ablations", "report"])
+    parser.add_argument("part", choices=["sweep", "main", "hard", "anneal", "ablations", "lr", "report"])
     parser.add_argument("--objectives", nargs="+", default=OBJECTIVES)
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
+    parser.add_argument("--lr", type=float, help="the lr part's learning rate, for every objective")
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 16, 64])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--clips", nargs="+", choices=["on", "off"], default=["on", "off"], help="gradient clipping")
