@@ -382,7 +382,7 @@ def report_lr(a) -> None:
                 source = [r for r in source if r["objective"] == objective and r["clip"] == clip and r["seed"] in seeds]
                 for lr in sorted({r["lr"] for r in source}, reverse=True):
                     cells = [cell([r[METRIC] for r in source if r["lr"] == lr and r["staleness"] == d]) for d in levels]
-                    print(f"| {objective} | {clip} | {lr:g} {label} | " + " | ".join(cells) + " |")
+                    print(f"| {objective} | {clip} | {f'{lr:g} {label}'.strip()} | " + " | ".join(cells) + " |")
 
 
 def plot_sweep(rows: list[dict], path: Path) -> None:
