@@ -161,7 +161,7 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                         args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective]]
                         args += [f"--trainer.lr={lr}", CLIP[clip], *(HARD if a.part == "hard" else [])]
                         same_as = None
-                        if staleness == 0 and seed == 0 and a.part in ("main", "lr") and lr in a.lrs:
+                        if staleness == 0 and seed == 0 and a.part in ("main", "lr"):
                             same_as = run_name("sweep", objective, 0, clip, lr, 0)
                         elif staleness == 0 and objective == "rloo_proximal" and best.get(("rloo", clip)) == lr:
                             # on-policy the sequence ratio is exactly 1: the sweep's rloo and
@@ -378,11 +378,11 @@ def report_lr(a) -> None:
             mine = [r for r in rows if r["objective"] == objective and r["clip"] == clip]
             if not mine:
                 continue
-            for source, label in ((main_rows, "(on-policy best)"), (mine, "")):
-                source = [r for r in source if r["objective"] == objective and r["clip"] == clip and r["seed"] in seeds]
-                for lr in sorted({r["lr"] for r in source}, reverse=True):
-                    cells = [cell([r[METRIC] for r in source if r["lr"] == lr and r["staleness"] == d]) for d in levels]
-                    print(f"| {objective} | {clip} | {f'{lr:g} {label}'.strip()} | " + " | ".join(cells) + " |")
+            for source, label in ((main_rows, " (on-policy best)"), (mine, "")):
+                runs = [r for r in source if r["objective"] == objective and r["clip"] == clip and r["seed"] in seeds]
+                for lr in sorted({r["lr"] for r in runs}, reverse=True):
+                    cells = [cell([r[METRIC] for r in runs if r["lr"] == lr and r["staleness"] == d]) for d in levels]
+                    print(f"| {objective} | {clip} | {lr:g}{label} | " + " | ".join(cells) + " |")
 
 
 def plot_sweep(rows: list[dict], path: Path) -> None:

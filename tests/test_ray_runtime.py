@@ -102,6 +102,9 @@ def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
         cluster.shutdown()
 
 
+NEEDS_PROC = pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds Ray's processes through /proc")
+
+
 def ray_processes(mark: str, wait_s: float = 15.0) -> list[str]:
     """Live Ray processes (raylet, GCS server, workers) that a test's ``tba train`` started: those
     whose environment carries ``TBA_TEST_MARK=mark``, which Ray passes on to every process it
@@ -132,7 +135,7 @@ def marked_env() -> tuple[dict[str, str], str]:
     return {**os.environ, "TERM": "dumb", "TBA_TEST_MARK": mark}, mark
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds Ray's processes through /proc")
+@NEEDS_PROC
 def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
     # a reference whose config passes the driver's checks but whose weights only a searcher loads
     broken = tmp_path / "broken-reference"
@@ -173,7 +176,7 @@ def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
 STOPS = [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")]
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds Ray's processes through /proc")
+@NEEDS_PROC
 @pytest.mark.parametrize(("sig", "status", "said"), STOPS)
 def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cache, sig, status, said):
     env, mark = marked_env()
