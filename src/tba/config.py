@@ -426,6 +426,22 @@ class TrainerConfig(_Section):
     """Prompts (groups) per batch; each contributes generation.group_size completions."""
     micro_batch_prompts: int | None = None
     """Groups per forward/backward pass (gradient accumulation); default: the whole batch."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Token budget of one forward/backward pass: micro-batches are filled with whole groups (the
+    per-prompt log Z needs all K completions) while sequences × (longest prompt + longest completion)
+    stays within it; a group larger than the budget runs alone. Groups are ordered by length first,
+    so little goes to padding. Combines with ``micro_batch_prompts`` (both limits hold). The step
+    equals one pass over the whole batch: each micro-batch's loss is weighted by its share of it."""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
+    """Numerics of the trainer. ``bf16-mixed``: fp32 master weights and AdamW state, forward and
+    backward in bfloat16 (autocast), log-probs in fp32. ``fp32``: fp32 throughout. ``bf16``: bfloat16
+    weights and optimizer state with no master copy, so updates below ~1/256 of a weight are lost
+    (warned at start). ``auto``: bf16-mixed on GPUs with bfloat16, else fp32. Searchers, the reference
+    and evaluation keep ``model.dtype``; published weights are cast to it."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' activation checkpointing): much less activation memory for about a third more
+    compute per step."""
     lr: float = Field(1e-4, gt=0)
     """Peak learning rate (AdamW)."""
     weight_decay: float = Field(0.0, ge=0)

@@ -7,8 +7,14 @@ One call of :meth:`Trainer.step`:
     → every k steps publish weights (and open a new "recent data" window in the buffer)
 
 Micro-batches hold whole groups, so the per-prompt log Z is always computed from the prompt's
-own K completions (the paper's code was only right with one prompt per micro-batch). The
-trainer never needs the reference model: searchers attach reference log-probs to rollouts.
+own K completions (the paper's code was only right with one prompt per micro-batch). They are
+cut by a count of groups (``micro_batch_prompts``) and a token budget (``micro_batch_tokens``),
+and each one's loss is weighted by its share of the batch, so the step equals one pass over the
+whole batch. The trainer never needs the reference model: searchers attach reference log-probs
+to rollouts.
+
+Precision (``trainer.precision``, see :mod:`tba.models.precision`) enters in two places only: the
+forward passes run under its autocast, and publication casts the weights to the searchers' dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import token_logprobs
 from tba.models.lora import published_state
+from tba.models.precision import Precision, cast_floats
 from tba.objectives import dr_grpo_loss, grpo_loss, online_dpo_loss, ppo_loss, rloo_loss, tb_loss
 from tba.schedules import beta_at, lr_multiplier
 from tba.types import Batch, RolloutGroup
@@ -46,6 +53,34 @@ def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
     return out
 
 
+def plan_micro_batches(
+    sizes: list[tuple[int, int]], group_size: int, max_groups: int | None = None, max_tokens: int | None = None
+) -> list[list[int]]:
+    """Groups per micro-batch, as lists of group indices. ``sizes[g]`` is (longest prompt, longest
+    completion) of group g, in tokens. A micro-batch holds at most ``max_groups`` groups and at most
+    ``max_tokens`` padded tokens (sequences × (longest prompt + longest completion) in it); a group
+    over the budget alone goes alone. With a token budget, groups are taken shortest first, so
+    groups of like length share a micro-batch and little goes to padding."""
+    order = list(range(len(sizes)))
+    if max_tokens is not None:
+        order.sort(key=lambda g: sum(sizes[g]))  # stable: equal lengths keep the batch's order
+    plan: list[list[int]] = []
+    current: list[int] = []
+    longest_p = longest_c = 0
+    for g in order:
+        p, c = max(longest_p, sizes[g][0]), max(longest_c, sizes[g][1])
+        too_many = max_groups is not None and len(current) >= max_groups
+        too_long = max_tokens is not None and (len(current) + 1) * group_size * (p + c) > max_tokens
+        if current and (too_many or too_long):
+            plan.append(current)
+            current, p, c = [], sizes[g][0], sizes[g][1]
+        current.append(g)
+        longest_p, longest_c = p, c
+    if current:
+        plan.append(current)
+    return plan
+
+
 class Trainer:
     def __init__(
         self,
@@ -58,7 +93,11 @@ class Trainer:
         pad_id: int,
         eos_ids: set[int],
         max_new_tokens: int | None = None,
+        precision: Precision | None = None,
+        publish_dtype: torch.dtype | None = None,
     ):
+        """``precision``: how ``model`` computes (default fp32); ``publish_dtype``: the dtype that
+        published floating weights are cast to (the searchers' ``model.dtype``; None keeps them)."""
         self.model = model
         self.buffer = buffer
         self.weights = weights
@@ -67,9 +106,12 @@ class Trainer:
         self.group_size = group_size
         self.pad_id = pad_id
         self.eos_ids = eos_ids
+        self.precision = precision or Precision()
+        self.publish_dtype = publish_dtype
         self.max_tokens = objective.max_tokens or max_new_tokens or 1  # Dr. GRPO's constant
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
+        self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
         self._arrival_lag_max = 0
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
@@ -87,6 +129,10 @@ class Trainer:
             ),
         )
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def ingest(self, groups: list[RolloutGroup]) -> int:
         """Put arrived groups in the buffer; returns the number of new rollouts."""
         for g in groups:  # how stale data is when it arrives: k - 1 plus the searcher's batch time
@@ -97,9 +143,14 @@ class Trainer:
         """Publish the current weights as version ``self.version`` (a LoRA policy's adapter only);
         returns the seconds it took."""
         start = time.perf_counter()
-        self.weights.publish(published_state(self.model), self.version)
+        self.weights.publish(self.published_state(), self.version)
         self.buffer.mark_sync()
         return time.perf_counter() - start
+
+    def published_state(self) -> dict[str, torch.Tensor]:
+        """What searchers load: the policy's state dict (a LoRA policy's adapter), floating tensors
+        cast once to ``publish_dtype``."""
+        return cast_floats(published_state(self.model), self.publish_dtype)
 
     def step(self, batch: Batch | None = None) -> dict[str, float]:
         """One optimizer step on ``batch``, by default one sampled from the replay buffer."""
@@ -142,22 +193,36 @@ class Trainer:
         return metrics
 
     def _accumulate_gradients(self, batch: Batch, beta: float) -> dict[str, float]:
-        k = self.group_size
-        groups_per_micro = self.cfg.micro_batch_prompts or batch.num_groups
+        k, n = self.group_size, batch.num_groups
+        sizes = [
+            (len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
+            for g in range(n)
+        ]
+        plan = plan_micro_batches(sizes, k, self.cfg.micro_batch_prompts, self.cfg.micro_batch_tokens)
+        budget = self.cfg.micro_batch_tokens
+        oversize = [g for g in range(n) if budget is not None and k * sum(sizes[g]) > budget]
+        if oversize and not self.oversize_groups:
+            warnings.warn(
+                f"a group of {k} completions needs {k * sum(sizes[oversize[0]])} tokens, more than "
+                f"trainer.micro_batch_tokens={budget}; such groups run alone in a micro-batch (counted in "
+                "train/oversize_groups). Raise the budget, or lower generation.max_new_tokens, if memory is short",
+                stacklevel=3,
+            )
+        self.oversize_groups += len(oversize)
+        weights = self._micro_batch_weights(batch, plan)
         totals: dict[str, float] = {}
-        for g0 in range(0, batch.num_groups, groups_per_micro):
-            g1 = min(g0 + groups_per_micro, batch.num_groups)
-            rollouts = batch.rollouts[g0 * k : g1 * k]
-            prompts = [batch.prompt_ids[g] for g in range(g0, g1) for _ in range(k)]
-            token_logp, mask = token_logprobs(
-                self.model, prompts, [list(r.completion) for r in rollouts], self.pad_id, self.eos_ids
-            )  # [G*K, T] each
+        for groups, share in zip(plan, weights, strict=True):
+            rollouts = [r for g in groups for r in batch.rollouts[g * k : (g + 1) * k]]
+            prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
+            with self.precision.autocast():
+                token_logp, mask = token_logprobs(
+                    self.model, prompts, [list(r.completion) for r in rollouts], self.pad_id, self.eos_ids
+                )  # [G*K, T] each, fp32
             logp = token_logp.sum(-1)  # [G*K]
             ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
             reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
             loss, m = self._objective(token_logp, mask, logp, ref, reward, rollouts, beta)
-            share = (g1 - g0) / batch.num_groups  # micro-batch losses are means: weight by size
-            (loss * share).backward()
+            (loss * share).backward()  # micro-batch losses are means: weight by their share of the batch
             kl = m["kl"] if "kl" in m else (logp.detach() - ref).mean().item()
             parts = {
                 "train/loss": loss.item(),
@@ -166,9 +231,26 @@ class Trainer:
                 "train/reward_mean": reward.mean().item(),
                 "train/completion_len": sum(len(r.completion) for r in rollouts) / len(rollouts),
             }
+            size = len(groups) / n  # metrics are means over the batch's groups
             for key, value in parts.items():
-                totals[key] = totals.get(key, 0.0) + value * share
+                totals[key] = totals.get(key, 0.0) + value * size
+        totals["train/micro_batches"] = float(len(plan))
+        if budget is not None:
+            totals["train/oversize_groups"] = float(self.oversize_groups)
         return totals
+
+    def _micro_batch_weights(self, batch: Batch, plan: list[list[int]]) -> list[float]:
+        """Each micro-batch's share of the batch's loss. Losses are means over groups (or over their
+        completions, K per group), so the share is its fraction of the groups; Online DPO averages
+        over the groups whose rewards differ (the others hold no pair), so there it is its fraction
+        of those."""
+        k, n = self.group_size, batch.num_groups
+        if self.objective.type != "online_dpo":
+            return [len(groups) / n for groups in plan]
+        rewards = [[r.reward for r in batch.rollouts[g * k : (g + 1) * k]] for g in range(n)]
+        pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in groups) for groups in plan]
+        total = sum(pairs)
+        return [p / total if total else len(groups) / n for p, groups in zip(pairs, plan, strict=True)]
 
     def _objective(self, token_logp, mask, logp, ref, reward, rollouts, beta):
         """The configured objective on one micro-batch of whole groups."""

@@ -13,6 +13,9 @@ Layout of one forward batch (prompts left-padded, completions right-padded):
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -60,19 +63,119 @@ def token_logprobs(
     eos_ids: int | set[int] | None = None,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs ``[N, C]`` of completion tokens (0 where masked) and the mask ``[N, C]``."""
+    """Per-token log-probs ``[N, C]`` of completion tokens in fp32 (0 where masked) and the mask ``[N, C]``.
+
+    Lean: the model computes logits for completion positions only (``logits_to_keep``; models
+    without it compute all and the prompt part is dropped), and each log-prob is the target's logit
+    minus the logsumexp of its row, in fp32 chunks of positions (:func:`gathered_logprobs`), so
+    no fp32 copy of the logits and no full ``log_softmax`` is ever held.
+    """
     completions = [truncate_at_eos(c, eos_ids) for c in completions]
     device = next(model.parameters()).device
     ids, attn, comp_mask, p_len = pack(prompts, completions, pad_id, device)
+    logits = completion_logits(model, ids, attn, p_len)  # [N, C+1, V]: position t predicts token t+1
+    c_len = ids.shape[1] - p_len
+    # The last kept position predicts past the end: give it a dummy target, dropped below.
+    targets = torch.cat([ids[:, p_len:], ids.new_zeros(ids.shape[0], 1)], dim=1)  # [N, C+1]
+    logp = gathered_logprobs(logits, targets, temperature)[:, :c_len]  # [N, C]
+    mask = comp_mask.to(logp.dtype)
+    return logp * mask, mask
+
+
+def completion_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, p_len: int) -> torch.Tensor:
+    """Logits ``[N, C+1, V]`` of the last prompt position and every completion position of a
+    :func:`pack` batch, in the model's compute dtype."""
     # Positions count real tokens only, so a left-padded prompt sees the same positions as an
-    # unpadded one.
+    # unpadded one. No KV cache: nothing is generated, and it would hold every layer's keys.
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": position_ids, "use_cache": False}
+    keep = ids.shape[1] - p_len + 1
+    if accepts_logits_to_keep(model):
+        return model(**kwargs, logits_to_keep=keep).logits
+    return model(**kwargs).logits[:, -keep:]
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs since 4.50);
+    wrappers (PEFT, a LoRA reference view) are looked through."""
+    inner = model
+    while hasattr(inner, "get_base_model"):
+        base = inner.get_base_model()
+        if base is inner:
+            break
+        inner = base
+    return _forward_takes(type(inner), "logits_to_keep")
+
+
+@functools.cache
+def _forward_takes(cls: type, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters
+
+
+# fp32 elements per chunk of the log-prob computation (256 MiB): big enough to be fast, small
+# enough to be nothing beside the logits themselves.
+CHUNK_ELEMENTS = 2**26
+
+
+def gathered_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log softmax(logits / temperature)[target]`` per position, in fp32: ``[..., V]`` and
+    ``[...]`` in, ``[...]`` out, differentiable. Equal to gathering from a full ``log_softmax``,
+    without its memory: it keeps only ``logits`` (in their own dtype) and one logsumexp per
+    position, and computes in fp32 one chunk of positions at a time, backward included."""
+    shape = targets.shape
+    out = _GatheredLogProbs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), float(temperature))
+    return out.view(shape)
+
+
+class _GatheredLogProbs(torch.autograd.Function):
+    """log p[t] = z[t] − logsumexp(z), z = logits / T; d log p[t] / dz = onehot(t) − softmax(z)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        # logits [M, V] (any float dtype), targets [M]
+        rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # [M]
+        lse = torch.empty_like(out)  # [M]
+        for i in range(0, logits.shape[0], rows):
+            z = logits[i : i + rows].float() / temperature  # [m, V]
+            lse[i : i + rows] = torch.logsumexp(z, dim=-1)
+            out[i : i + rows] = z.gather(-1, targets[i : i + rows, None]).squeeze(-1) - lse[i : i + rows]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        t = ctx.temperature
+        grad = torch.empty_like(logits)  # [M, V], the logits' dtype
+        rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        for i in range(0, logits.shape[0], rows):
+            g_out = grad_out[i : i + rows].float()  # [m]
+            g = torch.exp(logits[i : i + rows].float() / t - lse[i : i + rows, None]).mul_(-g_out[:, None])
+            g.scatter_add_(-1, targets[i : i + rows, None], g_out[:, None])
+            grad[i : i + rows] = g.div_(t)
+        return grad, None, None
+
+
+def full_logits_token_logprobs(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    eos_ids: int | set[int] | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` the direct way, as it was computed before the lean version: logits of
+    every position, an fp32 copy of the completion part and a full ``log_softmax``. Kept as the
+    reference that tests and ``benchmarks/bench_memory.py`` compare against; do not train with it."""
+    completions = [truncate_at_eos(c, eos_ids) for c in completions]
+    device = next(model.parameters()).device
+    ids, attn, comp_mask, p_len = pack(prompts, completions, pad_id, device)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits  # [N, P+C, V]
-    logits = logits[:, p_len - 1 : -1].float()  # [N, C, V]: position t predicts token t+1
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = ids[:, p_len:]  # [N, C]
-    logp = torch.gather(F.log_softmax(logits, dim=-1), -1, targets.unsqueeze(-1)).squeeze(-1)  # [N, C]
+    logits = logits[:, p_len - 1 : -1].float() / temperature  # [N, C, V]
+    logp = torch.gather(F.log_softmax(logits, dim=-1), -1, ids[:, p_len:].unsqueeze(-1)).squeeze(-1)  # [N, C]
     mask = comp_mask.to(logp.dtype)
     return logp * mask, mask
 
@@ -124,21 +227,11 @@ def kl_and_ref_nll(
         ps, cs = prompts[i : i + micro_batch], completions[i : i + micro_batch]
         device = next(policy.parameters()).device
         ids, attn, comp_mask, p_len = pack(ps, cs, pad_id, device)
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-        logp = [
-            F.log_softmax(
-                m(
-                    input_ids=ids.to(next(m.parameters()).device),
-                    attention_mask=attn.to(next(m.parameters()).device),
-                    position_ids=position_ids.to(next(m.parameters()).device),
-                )
-                .logits[:, p_len - 1 : -1]
-                .float()
-                .to(device),
-                dim=-1,
-            )
-            for m in (policy, reference)
-        ]  # 2 x [n, C, V]
+        logp = []
+        for m in (policy, reference):
+            m_device = next(m.parameters()).device
+            logits = completion_logits(m, ids.to(m_device), attn.to(m_device), p_len)[:, :-1]  # [n, C, V]
+            logp.append(F.log_softmax(logits.float().to(device), dim=-1))  # 2 x [n, C, V]
         mask = comp_mask.float()  # [n, C]
         kl_t = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)  # [n, C]
         nll_t = -torch.gather(logp[1], -1, ids[:, p_len:].unsqueeze(-1)).squeeze(-1)  # [n, C]

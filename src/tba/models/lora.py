@@ -120,6 +120,10 @@ class ReferenceView(torch.nn.Module):
         super().__init__()
         self.model = model
 
+    def get_base_model(self) -> torch.nn.Module:
+        """The transformers model under the adapter (what :func:`~tba.models.logprobs.accepts_logits_to_keep` reads)."""
+        return self.model.get_base_model()
+
     def forward(self, *args, **kwargs):
         with self.model.disable_adapter():
             return self.model(*args, **kwargs)

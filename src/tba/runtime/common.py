@@ -20,6 +20,8 @@ from tba.config import Config, dump_config
 from tba.console import summary_table
 from tba.evaluation import Evaluator, write_samples
 from tba.metrics import MetricsLogger, check_backends, read_metrics
+from tba.models.loading import resolve_dtype
+from tba.models.precision import compute_as
 from tba.runtime.components import (
     Components,
     absolute_paths,
@@ -61,7 +63,8 @@ def evaluate_policy(
     """Evaluate the trainer's policy; append a few completions with their scores to
     ``<run>/samples.jsonl`` and, given ``metrics``, to its TensorBoard and W&B; return the ``eval/*``
     metrics."""
-    result = policy_evaluator(c, cfg)()
+    with compute_as(c.policy, resolve_dtype(cfg.model.dtype, c.trainer.device)):  # as searchers compute
+        result = policy_evaluator(c, cfg)()
     if run_dir is not None:
         write_samples(run_dir, step, result.samples)
     if metrics is not None:
@@ -154,15 +157,13 @@ def resume(c: Components, run_dir: Path, log) -> bool:
 def _resume_searcher(c: Components, extra: dict) -> None:
     """Restore the searcher and republish what it would load next, without opening a new recent
     window in the buffer (the restored buffer has the windows it had)."""
-    from tba.models.lora import published_state
-
     published = extra.get("published", {"version": -1})
     if "searcher" not in extra or published["version"] < 0:  # a checkpoint of the ray runtime
         c.trainer.publish()
         return
     c.searcher.load_state_dict(extra["searcher"])
     version = published["version"]
-    weights = published.get("weights") or published_state(c.policy)
+    weights = published.get("weights") or c.trainer.published_state()
     c.trainer.weights.publish(weights, version)
     if c.searcher.version == version:  # it holds these weights already, so it would not pull them
         c.searcher.generator.load_weights(weights, version)
@@ -199,6 +200,7 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
     trained = [r["train/reward_mean"] for r in history if r.get("train/reward_mean") is not None]
     sampled = [r["searcher/reward_mean"] for r in history if r.get("searcher/reward_mean") is not None]
     lags = [r["train/lag_mean"] for r in history if r.get("train/lag_mean") is not None]
+    peaks = [r["train/peak_memory_gb"] for r in history if r.get("train/peak_memory_gb") is not None]
     summary = {
         f"{key}_initial": evals[0][key] if evals else None,
         f"{key}_final": evals[-1][key] if evals else None,
@@ -207,6 +209,7 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
         "searcher/reward_mean_first10": _mean(sampled[:10]),
         "searcher/reward_mean_last10": _mean(sampled[-10:]),
         "lag_mean": _mean(lags),
+        "peak_memory_gb": round(max(peaks), 3) if peaks else None,  # the trainer process's
         "wall_clock_s": round(time.time() - start, 1),
         "trainer_steps": c.trainer.version,
         "runtime": cfg.runtime.type,

@@ -22,8 +22,16 @@ from tba.evaluation import Evaluator
 from tba.generation.base import SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
-from tba.models.loading import check_causal_lm, eos_ids, load_causal_lm, load_tokenizer, resolve_device
+from tba.models.loading import (
+    check_causal_lm,
+    eos_ids,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
 from tba.models.lora import ReferenceView, add_adapter, check_lora_config, copy_sharing_frozen
+from tba.models.precision import Precision
 from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_model
 from tba.searcher import Searcher
 from tba.tasks import Task, build_task
@@ -188,6 +196,40 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id)
 
 
+def load_trainer_policy(cfg: Config, path: str, device: torch.device, precision: Precision) -> torch.nn.Module:
+    """The policy the trainer updates, in ``precision``'s weights dtype (fp32 master weights for
+    bf16-mixed). With LoRA only the adapter trains: the frozen base stays in ``model.dtype`` unless
+    the precision is fp32, and PEFT keeps the adapter in fp32 (cast to bf16 for pure bf16)."""
+    m = cfg.model
+    dtype = precision.weights_dtype_name()
+    if m.lora is not None and precision.mode == "bf16-mixed":
+        dtype = m.dtype
+    policy = load_causal_lm(path, device, dtype, m.trust_remote_code)
+    if m.lora is not None:
+        policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
+        if precision.mode == "bf16":
+            policy = policy.to(torch.bfloat16)
+    if cfg.trainer.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    return policy
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing of every decoder layer, non-reentrant (it needs no
+    input that requires grad, so it works under a LoRA adapter). A model without it is a config error."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"trainer.gradient_checkpointing=true, but {type(base).__name__} does not support activation "
+            "checkpointing in transformers; set it to false"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name is deprecated
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_components(
     cfg: Config,
     log=print,
@@ -204,9 +246,9 @@ def build_components(
     policy_path, ref_path = model_paths(cfg, log)
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
-    policy = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code)
-    if m.lora is not None:
-        policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
+    precision = Precision.from_config(cfg.trainer.precision, device)
+    precision.warn(log)
+    policy = load_trainer_policy(cfg, policy_path, device, precision)
     eos = completion_eos(cfg, tokenizer, policy)
     pad = tokenizer.pad_token_id
     lag = cfg.runtime.extra_lag
@@ -222,6 +264,9 @@ def build_components(
         pad,
         eos,
         max_new_tokens=cfg.generation.max_new_tokens,
+        precision=precision,
+        # searchers hold model.dtype; a LoRA adapter stays as PEFT keeps it there (fp32)
+        publish_dtype=None if m.lora is not None else resolve_dtype(m.dtype, device),
     )
     searcher = None
     if with_searcher:
@@ -230,6 +275,8 @@ def build_components(
         # sampler shares the frozen base weights with the policy and copies only the adapter.
         task.setup(device)
         sampler = copy_sharing_frozen(policy).eval().requires_grad_(False)
+        if m.lora is None:  # the searchers' dtype, not the trainer's master weights
+            sampler = sampler.to(resolve_dtype(m.dtype, device))
         if m.lora is not None:
             reference = ReferenceView(sampler)
         else:

@@ -43,7 +43,7 @@ from tba.console import RunDisplay
 from tba.errors import interrupt_on_sigterm
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
-from tba.models.lora import published_state
+from tba.models.precision import PeakMemory
 from tba.plots import plot_run
 from tba.runtime import watchdog as watchdog_module
 from tba.runtime.common import (
@@ -267,7 +267,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         if cfg.eval.async_:
             background = BackgroundEvaluation(cfg)
             if not resumed:  # logged at step 0 when it is done; training starts meanwhile
-                background.submit(0, published_state(c.policy))
+                background.submit(0, c.trainer.published_state())
         elif not resumed:
             initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
             metrics.log(0, initial)
@@ -371,6 +371,7 @@ def _train(
     loop_start, busy_s, paused_s, samples, last_stats = time.perf_counter(), 0.0, 0.0, 0, {}
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
+    peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
@@ -392,11 +393,12 @@ def _train(
             finished = background.poll() if background else []
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 if background:
-                    finished += background.submit(step, published_state(c.policy))
+                    finished += background.submit(step, c.trainer.published_state())
                     record["trainer/eval_wait_s"] = background.waited_s
                 else:
                     record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
             if step % cfg.logging.every == 0 or key in record:
+                record["train/peak_memory_gb"] = peak.read()  # since the previous log
                 metrics.log(step, record)  # before the checkpoint: a resume from it finds this step logged
             every = cfg.trainer.checkpoint_every
             if (every and step % every == 0) or step == cfg.trainer.steps:

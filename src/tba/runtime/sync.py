@@ -20,6 +20,7 @@ from tba.buffer import fresh_batch
 from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
+from tba.models.precision import PeakMemory
 from tba.plots import plot_run
 from tba.runtime.common import (
     eval_key,
@@ -68,6 +69,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         trainer.ingest(searcher.step())
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
+    peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
@@ -87,6 +89,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
             if step % cfg.logging.every == 0 or key in record:
+                record["train/peak_memory_gb"] = peak.read()  # since the previous log
                 metrics.log(step, record)
             display.update(step, record)
             every = cfg.trainer.checkpoint_every
