@@ -13,7 +13,7 @@ from tests.test_pipeline import make_trainer, synthetic_groups
 from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, load_config
 from tba.models.logprobs import token_logprobs
-from tba.models.precision import PURE_BF16_WARNING, Precision, PeakMemory, compute_as, resolve_precision
+from tba.models.precision import PURE_BF16_WARNING, Precision, compute_as, resolve_precision
 from tba.runtime.components import build_components, load_trainer_policy
 from tba.weights import LocalWeightStore
 
@@ -40,9 +40,12 @@ def test_pure_bf16_loses_small_updates_and_bf16_mixed_keeps_them(tiny_checkpoint
     """lr 1e-6, 10 steps: pure bf16 leaves ~98% of the weights bit-identical (each update is below
     half a bf16 ulp of its weight); bf16-mixed moves every weight, its total update within 15% of
     fp32's (measured: 6.5%, cosine 0.998; the rest is bf16 compute in the gradients)."""
-    start = {n: p.detach().clone() for n, p in load_trainer_policy(
-        load_config(None, [f"--model.policy={tiny_checkpoint}"]), str(tiny_checkpoint), CPU, Precision("fp32")
-    ).named_parameters()}
+    start = {
+        n: p.detach().clone()
+        for n, p in load_trainer_policy(
+            load_config(None, [f"--model.policy={tiny_checkpoint}"]), str(tiny_checkpoint), CPU, Precision("fp32")
+        ).named_parameters()
+    }
     runs = {mode: trained_weights(tiny_checkpoint, tokenizer, mode) for mode in ("fp32", "bf16-mixed", "bf16")}
     assert all(p.dtype == torch.float32 for p in runs["bf16-mixed"].values()), "master weights stay fp32"
     assert all(p.dtype == torch.bfloat16 for p in runs["bf16"].values())

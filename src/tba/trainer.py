@@ -231,9 +231,9 @@ class Trainer:
                 "train/reward_mean": reward.mean().item(),
                 "train/completion_len": sum(len(r.completion) for r in rollouts) / len(rollouts),
             }
-            size = len(groups) / n  # metrics are means over the batch's groups
+            size = len(groups) / n  # metrics are means over the batch's groups; the loss as weighted
             for key, value in parts.items():
-                totals[key] = totals.get(key, 0.0) + value * size
+                totals[key] = totals.get(key, 0.0) + value * (share if key == "train/loss" else size)
         totals["train/micro_batches"] = float(len(plan))
         if budget is not None:
             totals["train/oversize_groups"] = float(self.oversize_groups)

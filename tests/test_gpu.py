@@ -1,0 +1,132 @@
+"""What only a CUDA device can show: bf16 numerics of the trainer there, its memory by CUDA's own
+count, and that every tensor of a step stays on the device. Skipped by ``make test``
+(``-m 'not gpu'``) and wherever no CUDA device is visible; run with ``pytest -m gpu``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.test_lean_training import random_sequences, uneven_batch
+from tests.test_pipeline import make_trainer, synthetic_groups
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tba.buffer import ReplayBuffer
+from tba.models.logprobs import full_logits_token_logprobs, token_logprobs
+from tba.models.precision import PeakMemory, Precision, resolve_precision
+from tba.runtime.components import enable_gradient_checkpointing
+from tba.weights import LocalWeightStore
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda")
+
+
+def qwen(vocab: int = 32_000, layers: int = 2, hidden: int = 256) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config).to(CUDA).train()
+
+
+def peak_bytes(fn) -> int:
+    """CUDA's maximum allocated bytes during ``fn()`` (forward and backward), above what was there."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def test_auto_precision_is_bf16_mixed_on_a_bf16_gpu():
+    expected = "bf16-mixed" if torch.cuda.is_bf16_supported() else "fp32"
+    assert resolve_precision("auto", CUDA) == expected
+
+
+def test_lean_logprobs_take_less_cuda_memory_and_agree():
+    model = qwen()
+    prompts, completions = random_sequences(16)
+    prompts = [p + [7] * 100 for p in prompts]
+    results = {}
+    for name, fn in (("lean", token_logprobs), ("full", full_logits_token_logprobs)):
+
+        def run(fn=fn, name=name):
+            model.zero_grad(set_to_none=True)
+            with Precision("bf16-mixed", "cuda").autocast():
+                logp, _ = fn(model, prompts, completions, 0, {1})
+            logp.sum().backward()
+            results[name] = logp.detach()
+
+        results[name + "_peak"] = peak_bytes(run)
+    assert results["lean"].dtype == torch.float32
+    assert (results["lean"] - results["full"]).abs().max() < 1e-3  # same bf16 logits, fp32 either way
+    assert results["lean_peak"] < 0.5 * results["full_peak"], (results["lean_peak"], results["full_peak"])
+
+
+def test_gradient_checkpointing_lowers_cuda_peak():
+    peaks = []
+    for checkpointing in (False, True):
+        model = qwen(vocab=4096, layers=6)
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        prompts, completions = random_sequences(32)
+        prompts = [p + [7] * 200 for p in prompts]
+
+        def run(model=model, prompts=prompts, completions=completions):
+            with Precision("bf16-mixed", "cuda").autocast():
+                logp, _ = token_logprobs(model, prompts, completions, 0, {1})
+            logp.sum().backward()
+
+        peaks.append(peak_bytes(run))
+    assert peaks[1] < 0.7 * peaks[0], peaks
+
+
+def test_bf16_mixed_moves_weights_like_fp32_on_cuda_and_pure_bf16_does_not(tokenizer):
+    from tba.models.tiny import TinySpec, build_tiny_llama
+
+    torch.manual_seed(0)
+    start = build_tiny_llama(tokenizer, TinySpec(hidden_size=64, layers=2, heads=2, intermediate_size=128))
+    results = {}
+    for mode in ("fp32", "bf16-mixed", "bf16"):
+        model = type(start)(start.config)
+        model.load_state_dict(start.state_dict())
+        model = model.to(CUDA, Precision(mode).weights_dtype).train()
+        buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
+        trainer = make_trainer(model, tokenizer, buffer, LocalWeightStore(), batch_prompts=6, lr=1e-6, grad_clip=None)
+        trainer.precision = Precision(mode, "cuda")
+        for g in synthetic_groups(tokenizer, n_prompts=6, k=4):
+            buffer.add(g, step=0)
+        batch = buffer.sample(6, 4)
+        for _ in range(10):
+            trainer.step(batch)
+        results[mode] = torch.cat([p.detach().float().cpu().flatten() for p in model.parameters()])
+    init = torch.cat([p.detach().float().flatten() for p in start.parameters()])
+    init_bf16 = torch.cat([p.detach().bfloat16().float().flatten() for p in start.parameters()])
+    assert (results["bf16"] == init_bf16).float().mean() > 0.9
+    fp32, mixed = results["fp32"] - init, results["bf16-mixed"] - init
+    assert (mixed == 0).float().mean() < 0.01
+    assert (mixed - fp32).norm() / fp32.norm() < 0.2
+
+
+def test_a_trainer_step_stays_on_the_device_and_reports_cuda_peak(tiny_model, tokenizer):
+    model = tiny_model.to(CUDA).train()
+    batch = uneven_batch(tokenizer)
+    trainer = make_trainer(model, tokenizer, ReplayBuffer(), LocalWeightStore(), batch_prompts=batch.num_groups)
+    trainer.precision = Precision("bf16-mixed", "cuda")
+    peak = PeakMemory(CUDA)
+    metrics = trainer.step(batch)
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    assert all(s["exp_avg"].device.type == "cuda" for s in trainer.optimizer.state.values())
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    assert peak.read() > 0
+    published = trainer.published_state()
+    assert all(v.device.type == "cuda" for v in published.values())

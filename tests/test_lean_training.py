@@ -1,0 +1,246 @@
+"""What keeps a trainer step lean: log-probs from completion logits only, activation
+checkpointing, and micro-batches cut by a token budget; each must leave the numbers unchanged."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tba.buffer import ReplayBuffer
+from tba.config import ConfigError, ObjectiveConfig, TrainerConfig
+from tba.models import logprobs
+from tba.models.logprobs import accepts_logits_to_keep, full_logits_token_logprobs, token_logprobs
+from tba.models.lora import ReferenceView, add_adapter
+from tba.runtime.components import enable_gradient_checkpointing
+from tba.trainer import Trainer, plan_micro_batches
+from tba.types import Batch, Rollout
+from tba.weights import LocalWeightStore
+
+VOCAB = 32_000  # a real vocabulary size (Llama 2's), on a model a few MB large
+
+
+@pytest.fixture(scope="module")
+def big_vocab_model():
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config).train()
+
+
+def random_sequences(n: int, seed: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts of 2-12 tokens and completions of 1-20, ids across the whole vocabulary."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 12))] for _ in range(n)]
+    completions = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 20))] for _ in range(n)]
+    return prompts, completions
+
+
+def logps_and_grads(model, fn, prompts, completions, **kw):
+    model.zero_grad(set_to_none=True)
+    logp, mask = fn(model, prompts, completions, 0, {1}, **kw)
+    weights = torch.linspace(-1.0, 2.0, logp.numel()).view_as(logp)  # any loss: not just the sum
+    (logp * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return logp.detach(), mask, grads
+
+
+def assert_grads_close(a: dict, b: dict, tol: float) -> None:
+    for name in a:
+        scale = b[name].abs().max().clamp(min=1e-12)
+        assert (a[name] - b[name]).abs().max() / scale < tol, name
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_lean_logprobs_equal_the_full_computation_values_and_gradients(big_vocab_model, temperature):
+    prompts, completions = random_sequences(6)
+    lean, mask, lean_grads = logps_and_grads(
+        big_vocab_model, token_logprobs, prompts, completions, temperature=temperature
+    )
+    full, full_mask, full_grads = logps_and_grads(
+        big_vocab_model, full_logits_token_logprobs, prompts, completions, temperature=temperature
+    )
+    assert torch.equal(mask, full_mask) and lean.dtype == torch.float32
+    assert (lean - full).abs().max() < 1e-5
+    assert_grads_close(lean_grads, full_grads, 1e-5)
+
+
+def test_lean_logprobs_in_many_chunks_equal_one_chunk(big_vocab_model, monkeypatch):
+    prompts, completions = random_sequences(5, seed=2)
+    one, _, one_grads = logps_and_grads(big_vocab_model, token_logprobs, prompts, completions)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * VOCAB)  # 3 positions a chunk
+    many, _, many_grads = logps_and_grads(big_vocab_model, token_logprobs, prompts, completions)
+    assert (one - many).abs().max() < 1e-6
+    assert_grads_close(many_grads, one_grads, 1e-6)
+
+
+class NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward does not take ``logits_to_keep`` (older or remote-code models)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def test_models_without_logits_to_keep_fall_back_to_all_logits(big_vocab_model):
+    prompts, completions = random_sequences(4, seed=3)
+    wrapped = NoLogitsToKeep(big_vocab_model)
+    assert accepts_logits_to_keep(big_vocab_model) and not accepts_logits_to_keep(wrapped)
+    with torch.no_grad():
+        a, _ = token_logprobs(wrapped, prompts, completions, 0, {1})
+        b, _ = full_logits_token_logprobs(big_vocab_model, prompts, completions, 0, {1})
+    assert (a - b).abs().max() < 1e-5
+
+
+def test_lora_policy_and_its_reference_view_keep_only_completion_logits(tiny_model, tokenizer):
+    from tba.config import LoraConfig
+
+    policy = add_adapter(tiny_model, LoraConfig(r=4))
+    kept = []
+    hook = tiny_model.lm_head.register_forward_hook(lambda m, i, out: kept.append(out.shape[1]))
+    prompts = [tokenizer("12+34=")["input_ids"]] * 2  # 7 tokens with BOS
+    completions = [[5, 6, 7], [5]]
+    with torch.no_grad():
+        for model in (policy, ReferenceView(policy)):
+            assert accepts_logits_to_keep(model)
+            token_logprobs(model, prompts, completions, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    hook.remove()
+    assert kept == [4, 4]  # the last prompt position and 3 completion positions, not 7 + 3
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of the distinct tensors that autograd keeps for the backward pass of ``fn()``: the
+    activation memory of a training step, counted exactly (no timing, no allocator)."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(storages.values())
+
+
+def test_lean_logprobs_keep_half_as_much_for_the_backward_pass_in_bf16_mixed(big_vocab_model):
+    """Under bf16 autocast the old way kept an fp32 log_softmax of every completion position for the
+    backward pass; the lean way keeps the bf16 logits and one fp32 logsumexp per position. (In fp32
+    both keep N·C·V floats; there the saving is the transient memory, which bench_memory.py measures.)"""
+    prompts, completions = random_sequences(8, seed=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lean = saved_bytes(lambda: token_logprobs(big_vocab_model, prompts, completions, 0, {1})[0].sum())
+        full = saved_bytes(lambda: full_logits_token_logprobs(big_vocab_model, prompts, completions, 0, {1})[0].sum())
+    assert lean < 0.6 * full, (lean, full)  # measured: 0.56 (bf16 logits of C + 1 positions against fp32 of C)
+
+
+# ---------------------------------------------------------------- gradient checkpointing
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_less(tiny_checkpoint, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    prompts = [tokenizer(f"{i}+{i * 7}=")["input_ids"] for i in range(8)]
+    completions = [tokenizer(str(i * 8), add_special_tokens=False)["input_ids"] + [2] for i in range(8)]
+    models = [AutoModelForCausalLM.from_pretrained(tiny_checkpoint).train() for _ in range(2)]
+    enable_gradient_checkpointing(models[1])
+    grads, kept = [], []
+    for model in models:
+        kept.append(saved_bytes(lambda m=model: token_logprobs(m, prompts, completions, tokenizer.pad_token_id)[0]))
+        grads.append(logps_and_grads(model, token_logprobs, prompts, completions)[2])
+    assert_grads_close(grads[1], grads[0], 1e-5)
+    assert kept[1] < 0.5 * kept[0], kept
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error():
+    class Plain(torch.nn.Module):
+        supports_gradient_checkpointing = False
+
+    with pytest.raises(ConfigError, match="does not support activation checkpointing.*set it to false"):
+        enable_gradient_checkpointing(Plain())
+
+
+# ---------------------------------------------------------------- token-budget micro-batches
+
+
+def test_plan_fills_micro_batches_up_to_the_token_budget_with_whole_groups():
+    sizes = [(10, 30), (5, 5), (10, 10), (40, 60), (5, 10)]  # (longest prompt, longest completion)
+    k = 2
+    # shortest first: groups 1 (10 tok/seq), 4 (15), 2 (20), 0 (40), 3 (100)
+    assert plan_micro_batches(sizes, k, max_tokens=60) == [[1, 4], [2], [0], [3]]
+    assert plan_micro_batches(sizes, k, max_tokens=10_000) == [[1, 4, 2, 0, 3]]
+    assert plan_micro_batches(sizes, k, max_groups=2) == [[0, 1], [2, 3], [4]]  # batch order
+    assert plan_micro_batches(sizes, k, max_groups=2, max_tokens=200) == [[1, 4], [2, 0], [3]]
+    # padding counts: one long prompt and another group's long completion make wide rows
+    assert plan_micro_batches([(50, 1), (1, 50)], 1, max_tokens=60) == [[0], [1]]
+    assert plan_micro_batches([(50, 1), (1, 50)], 1, max_tokens=200) == [[0, 1]]  # 2 rows x (50 + 50)
+    every = plan_micro_batches(sizes, k, max_tokens=1)  # every group over budget: each alone
+    assert sorted(g for mb in every for g in mb) == [0, 1, 2, 3, 4] and all(len(mb) == 1 for mb in every)
+
+
+def uneven_batch(tokenizer, n_groups: int = 6, k: int = 4, seed: int = 0) -> Batch:
+    """Groups of very different lengths: prompts of 2-20 tokens, completions of 1-40."""
+    rng = random.Random(seed)
+    prompt_ids, rollouts = [], []
+    for g in range(n_groups):
+        prompt_ids.append([1] + [rng.randrange(3, 14) for _ in range(rng.choice([1, 4, 19]))])
+        longest = rng.choice([1, 8, 40])
+        for j in range(k):
+            completion = tuple(rng.randrange(3, 14) for _ in range(rng.randint(max(1, longest // 3), longest)))
+            rollouts.append(Rollout(f"p{g}", completion, float(rng.random() < 0.5), -5.0 - j, 0, 0))
+    return Batch(prompt_ids, rollouts, k)
+
+
+def step_gradients(tiny_model, tokenizer, batch: Batch, objective: str, **trainer_cfg):
+    """The gradients the optimizer sees in one trainer step, and the step's metrics."""
+    model = type(tiny_model)(tiny_model.config)
+    model.load_state_dict(tiny_model.state_dict())
+    model.train()
+    cfg = TrainerConfig(batch_prompts=batch.num_groups, lr=1e-3, warmup_steps=0, grad_clip=None, **trainer_cfg)
+    trainer = Trainer(
+        model,
+        ReplayBuffer(),
+        LocalWeightStore(),
+        cfg,
+        ObjectiveConfig(type=objective, beta=0.5),
+        batch.group_size,
+        tokenizer.pad_token_id,
+        {tokenizer.eos_token_id},
+    )
+    seen = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    )
+    metrics = trainer.step(batch)
+    return seen[0], metrics
+
+
+@pytest.mark.parametrize("objective", ["tb", "rloo", "online_dpo"])
+def test_token_budget_micro_batches_give_the_gradients_of_one_batch(tiny_model, tokenizer, objective):
+    batch = uneven_batch(tokenizer)
+    whole, whole_metrics = step_gradients(tiny_model, tokenizer, batch, objective)
+    split, split_metrics = step_gradients(tiny_model, tokenizer, batch, objective, micro_batch_tokens=250)
+    assert whole_metrics["train/micro_batches"] == 1 and split_metrics["train/micro_batches"] >= 3
+    assert_grads_close(split, whole, 1e-5)
+    assert split_metrics["train/loss"] == pytest.approx(whole_metrics["train/loss"], rel=1e-5)
+    assert split_metrics["train/reward_mean"] == pytest.approx(whole_metrics["train/reward_mean"], rel=1e-6)
+
+
+def test_a_group_over_the_budget_runs_alone_warned_and_counted(tiny_model, tokenizer):
+    batch = uneven_batch(tokenizer, seed=3)
+    with pytest.warns(UserWarning, match="more than trainer.micro_batch_tokens=40.*run alone"):
+        _, metrics = step_gradients(tiny_model, tokenizer, batch, "tb", micro_batch_tokens=40)
+    assert metrics["train/micro_batches"] == batch.num_groups
+    assert metrics["train/oversize_groups"] >= 1
