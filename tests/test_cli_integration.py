@@ -63,6 +63,9 @@ def test_cli_trains_and_reward_goes_up(demo_run):
         assert all(key in r for r in train), key
     evals = [r for r in records if r.get("eval/accuracy") is not None]
     assert [r["step"] for r in evals] == [0, 30, 60, 90, 120]
+    # the trainer process's peak resident memory (torch, the model, Ray's client): in GiB
+    peaks = [r["train/peak_memory_gb"] for r in train]
+    assert all(0.1 < p < 8 for p in peaks) and summary["peak_memory_gb"] == pytest.approx(max(peaks), abs=1e-3)
     # the reward of freshly sampled completions (measured over 3 seeds: about 0.4 → 0.6)
     first = sum(r["searcher/reward_mean"] for r in train[:20]) / 20
     last = sum(r["searcher/reward_mean"] for r in train[-20:]) / 20

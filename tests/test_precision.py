@@ -153,3 +153,39 @@ def test_peak_memory_on_cpu_sees_a_large_allocation_and_resets():
     out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True, check=True).stdout
     high, low = map(float, out.split())
     assert high - low > 250 / 1024  # GiB: the block was seen, and the next window no longer holds it
+
+
+def test_lora_with_bf16_mixed_and_checkpointing_trains_the_fp32_adapter_on_a_bf16_base(tiny_checkpoint, tokenizer):
+    """The frozen base stays in model.dtype (it never updates: no master copy needed), the adapter
+    is fp32, and a step with activation checkpointing and a token budget trains the adapter only."""
+    pytest.importorskip("peft")
+    cfg = load_config(
+        None,
+        [
+            f"--model.policy={tiny_checkpoint}",
+            "--model.dtype=bfloat16",
+            "--model.lora={r: 4, alpha: 8}",
+            "--trainer.precision=bf16-mixed",
+            "--trainer.gradient_checkpointing=true",
+            "--trainer.micro_batch_tokens=200",
+            "--trainer.batch_prompts=6",
+            "--trainer.lr=1e-2",
+            "--task.digits=1",
+            "--task.eval_size=4",
+        ],
+    )
+    c = build_components(cfg, log=lambda m: None, with_searcher=False)
+    dtypes = {n: p.dtype for n, p in c.policy.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
+    base_model = c.policy.get_base_model()
+    assert getattr(base_model, "is_activation_checkpointing", None) or base_model.is_gradient_checkpointing
+    base = {n: p.detach().clone() for n, p in c.policy.named_parameters() if "lora_" not in n}
+    adapter = {n: p.detach().clone() for n, p in c.policy.named_parameters() if "lora_" in n}
+    for g in synthetic_groups(tokenizer, n_prompts=6, k=cfg.generation.group_size):
+        c.buffer.add(g, step=0)
+    metrics = c.trainer.step()
+    assert metrics["train/micro_batches"] > 1
+    after = dict(c.policy.named_parameters())
+    assert all(torch.equal(after[n], v) for n, v in base.items())
+    assert any(not torch.equal(after[n], v) for n, v in adapter.items())
