@@ -18,6 +18,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 def truncate_at_eos(tokens: list[int], eos_ids: int | set[int] | None) -> list[int]:
@@ -65,46 +66,122 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs ``[N, C]`` of completion tokens in fp32 (0 where masked) and the mask ``[N, C]``.
 
-    Lean: the model computes logits for completion positions only (``logits_to_keep``; models
-    without it compute all and the prompt part is dropped), and each log-prob is the target's logit
-    minus the logsumexp of its row, in fp32 chunks of positions (:func:`gathered_logprobs`), so
-    no fp32 copy of the logits and no full ``log_softmax`` is ever held.
+    Lean: no logits of prompt positions, and never the logits of a whole batch at once. The model
+    runs to its final hidden states; the output head is applied to completion positions only, a
+    chunk of positions at a time, and each log-prob is the target's logit minus the logsumexp of
+    its row, in fp32 (:func:`head_logprobs`). For the backward pass each chunk keeps only its
+    hidden states and recomputes its logits. Models whose logits are not the head's output (soft-
+    capped or scaled logits, a head with an adapter) get their logits from their own forward,
+    completion positions only (``logits_to_keep``), with the same chunked fp32 log-softmax.
     """
     completions = [truncate_at_eos(c, eos_ids) for c in completions]
     device = next(model.parameters()).device
     ids, attn, comp_mask, p_len = pack(prompts, completions, pad_id, device)
-    logits = completion_logits(model, ids, attn, p_len)  # [N, C+1, V]: position t predicts token t+1
     c_len = ids.shape[1] - p_len
-    # The last kept position predicts past the end: give it a dummy target, dropped below.
+    # Position t predicts token t+1, so the last prompt position and every completion position are
+    # kept; the last one predicts past the end: it gets a dummy target, dropped below.
     targets = torch.cat([ids[:, p_len:], ids.new_zeros(ids.shape[0], 1)], dim=1)  # [N, C+1]
-    logp = gathered_logprobs(logits, targets, temperature)[:, :c_len]  # [N, C]
+    logp = completion_logprobs(model, ids, attn, p_len, targets, temperature)[:, :c_len]  # [N, C]
     mask = comp_mask.to(logp.dtype)
     return logp * mask, mask
+
+
+def completion_logprobs(
+    model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, p_len: int, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """fp32 log-probs ``[N, C+1]`` of ``targets`` at the last prompt position and every completion
+    position of a :func:`pack` batch."""
+    head = output_head(model)
+    if head is not None:
+        out = model(**_forward_kwargs(ids, attn), logits_to_keep=1, output_hidden_states=True)
+        hidden = out.hidden_states[-1][:, p_len - 1 :]  # [N, C+1, H]: the head's input
+        if _head_gives_logits(head, hidden[:, -1:], out.logits[:, -1:]):
+            return head_logprobs(head, hidden, targets, temperature)
+        _HEAD_ALONE[type(unwrap(model))] = False  # and do not try again for this kind of model
+    return gathered_logprobs(completion_logits(model, ids, attn, p_len), targets, temperature)
+
+
+def _forward_kwargs(ids: torch.Tensor, attn: torch.Tensor) -> dict:
+    # Positions count real tokens only, so a left-padded prompt sees the same positions as an
+    # unpadded one. No KV cache: nothing is generated, and it would hold every layer's keys.
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": position_ids, "use_cache": False}
 
 
 def completion_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, p_len: int) -> torch.Tensor:
     """Logits ``[N, C+1, V]`` of the last prompt position and every completion position of a
     :func:`pack` batch, in the model's compute dtype."""
-    # Positions count real tokens only, so a left-padded prompt sees the same positions as an
-    # unpadded one. No KV cache: nothing is generated, and it would hold every layer's keys.
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": position_ids, "use_cache": False}
     keep = ids.shape[1] - p_len + 1
     if accepts_logits_to_keep(model):
-        return model(**kwargs, logits_to_keep=keep).logits
-    return model(**kwargs).logits[:, -keep:]
+        return model(**_forward_kwargs(ids, attn), logits_to_keep=keep).logits
+    return model(**_forward_kwargs(ids, attn)).logits[:, -keep:]
 
 
-def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs since 4.50);
-    wrappers (PEFT, a LoRA reference view) are looked through."""
+# Model classes whose logits turned out not to be their output head's output (soft-capping,
+# scaling): they take the logits path from then on.
+_HEAD_ALONE: dict[type, bool] = {}
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The model's output head when log-probs can be computed from its hidden states: a plain
+    ``nn.Linear`` (an adapter on the head, or a head the model does not expose, takes the logits
+    path), on a model whose forward takes ``logits_to_keep``."""
+    inner = unwrap(model)
+    if not _HEAD_ALONE.get(type(inner), True) or not accepts_logits_to_keep(model):
+        return None
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    return head if type(head) is torch.nn.Linear else None
+
+
+@torch.no_grad()
+def _head_gives_logits(head: torch.nn.Linear, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether the model's own logits (of one position) are the head applied to its last hidden
+    states: false where the model soft-caps or scales its logits, or where the last hidden state
+    it reports is not the head's input."""
+    mine = head(hidden).float()
+    return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-3, atol=1e-3)
+
+
+def head_logprobs(
+    head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``log softmax(head(hidden) / temperature)[target]`` in fp32, ``[N, T, H]`` and ``[N, T]`` in,
+    ``[N, T]`` out, computed a chunk of positions at a time. With gradients, each chunk is
+    checkpointed: the backward pass keeps its hidden states and recomputes its logits, so the
+    logits of the batch (``[N, T, V]``, the largest tensor of a step with a large vocabulary) are
+    never held, forward or backward."""
+    n, t, h = hidden.shape
+    flat_h, flat_t = hidden.reshape(n * t, h), targets.reshape(n * t)  # [M, H], [M]
+    rows = max(1, CHUNK_ELEMENTS // head.out_features)
+    checkpointed = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+
+    def chunk(h_part: torch.Tensor, t_part: torch.Tensor) -> torch.Tensor:
+        return gathered_logprobs(head(h_part), t_part, temperature)
+
+    parts = [
+        checkpoint(chunk, flat_h[i : i + rows], flat_t[i : i + rows], use_reentrant=False)
+        if checkpointed
+        else chunk(flat_h[i : i + rows], flat_t[i : i + rows])
+        for i in range(0, n * t, rows)
+    ]
+    return torch.cat(parts).view(n, t)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside wrappers (PEFT, a LoRA reference view)."""
     inner = model
     while hasattr(inner, "get_base_model"):
         base = inner.get_base_model()
         if base is inner:
             break
         inner = base
-    return _forward_takes(type(inner), "logits_to_keep")
+    return inner
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs since 4.50);
+    wrappers (PEFT, a LoRA reference view) are looked through."""
+    return _forward_takes(type(unwrap(model)), "logits_to_keep")
 
 
 @functools.cache
@@ -112,9 +189,10 @@ def _forward_takes(cls: type, name: str) -> bool:
     return name in inspect.signature(cls.forward).parameters
 
 
-# fp32 elements per chunk of the log-prob computation (256 MiB): big enough to be fast, small
-# enough to be nothing beside the logits themselves.
-CHUNK_ELEMENTS = 2**26
+# Logits per chunk of the log-prob computation (64 MiB in fp32): 110 positions of Qwen's 152k
+# vocabulary, 512 of a 32k one; large enough that a GPU's matmuls stay efficient and the chunks
+# few, small beside the logits of a real batch (a micro-batch of 20 x 512 tokens: 10k positions).
+CHUNK_ELEMENTS = 2**24
 
 
 def gathered_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -152,7 +230,8 @@ class _GatheredLogProbs(torch.autograd.Function):
         rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
         for i in range(0, logits.shape[0], rows):
             g_out = grad_out[i : i + rows].float()  # [m]
-            g = torch.exp(logits[i : i + rows].float() / t - lse[i : i + rows, None]).mul_(-g_out[:, None])
+            # one fp32 chunk-sized temporary: a new tensor from div, then in place (never the saved logits)
+            g = logits[i : i + rows].float().div(t).sub_(lse[i : i + rows, None]).exp_().mul_(-g_out[:, None])
             g.scatter_add_(-1, targets[i : i + rows, None], g_out[:, None])
             grad[i : i + rows] = g.div_(t)
         return grad, None, None
@@ -174,7 +253,9 @@ def full_logits_token_logprobs(
     ids, attn, comp_mask, p_len = pack(prompts, completions, pad_id, device)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits  # [N, P+C, V]
-    logits = logits[:, p_len - 1 : -1].float() / temperature  # [N, C, V]
+    logits = logits[:, p_len - 1 : -1].float()  # [N, C, V]
+    if temperature != 1.0:
+        logits = logits / temperature
     logp = torch.gather(F.log_softmax(logits, dim=-1), -1, ids[:, p_len:].unsqueeze(-1)).squeeze(-1)  # [N, C]
     mask = comp_mask.to(logp.dtype)
     return logp * mask, mask

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tba.config import ConfigError
+
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 
 PURE_BF16_WARNING = (
@@ -49,12 +51,16 @@ PURE_BF16_WARNING = (
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
-    """``auto``: bf16-mixed on a CUDA device with bfloat16, else fp32."""
-    if name != "auto":
-        return name
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16-mixed"
-    return "fp32"
+    """``auto``: bf16-mixed on a CUDA device with bfloat16, else fp32. A bf16 precision on a GPU
+    without bfloat16 (before Ampere) is a config error."""
+    bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if name == "auto":
+        return "bf16-mixed" if bf16_gpu else "fp32"
+    if name.startswith("bf16") and device.type == "cuda" and not bf16_gpu:
+        raise ConfigError(
+            f"trainer.precision={name}, but this GPU has no bfloat16 support; use trainer.precision=fp32 (or auto)"
+        )
+    return name
 
 
 @dataclass(frozen=True)
