@@ -440,8 +440,8 @@ class TrainerConfig(_Section):
     and evaluation keep ``model.dtype``; published weights are cast to it."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
-    (transformers' activation checkpointing): much less activation memory for about a third more
-    compute per step."""
+    (transformers' activation checkpointing): much less activation memory for one more forward
+    pass of the layers per step."""
     lr: float = Field(1e-4, gt=0)
     """Peak learning rate (AdamW)."""
     weight_decay: float = Field(0.0, ge=0)
