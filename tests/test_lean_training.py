@@ -112,14 +112,24 @@ def test_lora_policy_and_its_reference_view_apply_the_head_to_completion_positio
     hook = tiny_model.lm_head.register_forward_hook(lambda m, i, out: rows.append(out.shape[:-1].numel()))
     prompts = [tokenizer("12+34=")["input_ids"]] * 2  # 7 tokens with BOS
     completions = [[5, 6, 7], [5]]
+    for model in (policy, ReferenceView(policy)):
+        assert accepts_logits_to_keep(model)
+        token_logprobs(model, prompts, completions, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    # without gradients this model (3 x 32 hidden values a position against a vocabulary of 20)
+    # takes its logits, of the same positions, from its own forward
     with torch.no_grad():
-        for model in (policy, ReferenceView(policy)):
-            assert accepts_logits_to_keep(model)
-            token_logprobs(model, prompts, completions, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        token_logprobs(policy, prompts, completions, tokenizer.pad_token_id, tokenizer.eos_token_id)
     hook.remove()
     # per model: the forward's last position (2 rows), the check of it (2), the last prompt position
     # and 3 completion positions (2 x 4), against 2 x (7 + 3) for the whole sequences
-    assert rows == [2, 2, 8, 2, 2, 8]
+    assert rows == [2, 2, 8, 2, 2, 8, 8]
+
+
+def test_without_gradients_the_head_path_is_taken_where_it_holds_less(big_vocab_model, tiny_model):
+    assert logprobs._hidden_states_cost_less(big_vocab_model, big_vocab_model.lm_head)  # grad on
+    with torch.no_grad():
+        assert logprobs._hidden_states_cost_less(big_vocab_model, big_vocab_model.lm_head)  # 3 x 16 < 32,000
+        assert not logprobs._hidden_states_cost_less(tiny_model, tiny_model.lm_head)  # 3 x 32 > 20
 
 
 def test_soft_capped_logits_take_the_logits_path_and_stay_exact(big_vocab_model):

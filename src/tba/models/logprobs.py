@@ -92,13 +92,26 @@ def completion_logprobs(
     """fp32 log-probs ``[N, C+1]`` of ``targets`` at the last prompt position and every completion
     position of a :func:`pack` batch."""
     head = output_head(model)
-    if head is not None:
+    if head is not None and _hidden_states_cost_less(model, head):
         out = model(**_forward_kwargs(ids, attn), logits_to_keep=1, output_hidden_states=True)
-        hidden = out.hidden_states[-1][:, p_len - 1 :]  # [N, C+1, H]: the head's input
-        if _head_gives_logits(head, hidden[:, -1:], out.logits[:, -1:]):
+        states = out.hidden_states
+        hidden = states[-1][:, p_len - 1 :] if states else None  # [N, C+1, H]: the head's input
+        if hidden is not None and _head_gives_logits(head, hidden[:, -1:], out.logits[:, -1:]):
             return head_logprobs(head, hidden, targets, temperature)
         _HEAD_ALONE[type(unwrap(model))] = False  # and do not try again for this kind of model
     return gathered_logprobs(completion_logits(model, ids, attn, p_len), targets, temperature)
+
+
+def _hidden_states_cost_less(model: torch.nn.Module, head: torch.nn.Linear) -> bool:
+    """Whether the head path holds less than the logits path. Asking the model for its hidden
+    states keeps every layer's output until the forward returns: free with gradients (autograd
+    keeps them anyway), L x H values a position without, against V for the logits of one position.
+    So without gradients (searchers: reference and sampler log-probs) the head path is taken only
+    where (L + 1) x H < V: Qwen2.5-0.5B (25 x 896 < 151,936) yes, Llama-2-7B (33 x 4096 > 32,000) no."""
+    if torch.is_grad_enabled():
+        return True
+    layers = getattr(getattr(unwrap(model), "config", None), "num_hidden_layers", None)
+    return isinstance(layers, int) and (layers + 1) * head.in_features < head.out_features
 
 
 def _forward_kwargs(ids: torch.Tensor, attn: torch.Tensor) -> dict:
