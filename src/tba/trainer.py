@@ -199,16 +199,7 @@ class Trainer:
             for g in range(n)
         ]
         plan = plan_micro_batches(sizes, k, self.cfg.micro_batch_prompts, self.cfg.micro_batch_tokens)
-        budget = self.cfg.micro_batch_tokens
-        oversize = [g for g in range(n) if budget is not None and k * sum(sizes[g]) > budget]
-        if oversize and not self.oversize_groups:
-            warnings.warn(
-                f"a group of {k} completions needs {k * sum(sizes[oversize[0]])} tokens, more than "
-                f"trainer.micro_batch_tokens={budget}; such groups run alone in a micro-batch (counted in "
-                "train/oversize_groups). Raise the budget, or lower generation.max_new_tokens, if memory is short",
-                stacklevel=3,
-            )
-        self.oversize_groups += len(oversize)
+        self._count_oversize([k * (p + c) for p, c in sizes])
         weights = self._micro_batch_weights(batch, plan)
         totals: dict[str, float] = {}
         for groups, share in zip(plan, weights, strict=True):
@@ -235,9 +226,22 @@ class Trainer:
             for key, value in parts.items():
                 totals[key] = totals.get(key, 0.0) + value * (share if key == "train/loss" else size)
         totals["train/micro_batches"] = float(len(plan))
-        if budget is not None:
+        if self.cfg.micro_batch_tokens is not None:
             totals["train/oversize_groups"] = float(self.oversize_groups)
         return totals
+
+    def _count_oversize(self, group_tokens: list[int]) -> None:
+        """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first."""
+        budget = self.cfg.micro_batch_tokens
+        over = [t for t in group_tokens if budget is not None and t > budget]
+        if over and not self.oversize_groups:
+            warnings.warn(
+                f"a group of {self.group_size} completions needs {over[0]} tokens, more than "
+                f"trainer.micro_batch_tokens={budget}; such groups run alone in a micro-batch (counted in "
+                "train/oversize_groups). Raise the budget, or lower generation.max_new_tokens, if memory is short",
+                stacklevel=4,
+            )
+        self.oversize_groups += len(over)
 
     def _micro_batch_weights(self, batch: Batch, plan: list[list[int]]) -> list[float]:
         """Each micro-batch's share of the batch's loss. Losses are means over groups (or over their
@@ -289,6 +293,7 @@ class Trainer:
         return {
             "version": self.version,
             "skipped_steps": self.skipped_steps,
+            "oversize_groups": self.oversize_groups,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
@@ -296,5 +301,6 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.version = state["version"]
         self.skipped_steps = state["skipped_steps"]
+        self.oversize_groups = state.get("oversize_groups", 0)  # absent from checkpoints before it existed
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
