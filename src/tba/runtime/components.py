@@ -19,7 +19,7 @@ from tba.checkpoint import latest_checkpoint
 from tba.config import ArithmeticTaskConfig, Config, ConfigError
 from tba.errors import RunDirError
 from tba.evaluation import Evaluator
-from tba.generation.base import SamplingParams
+from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
 from tba.models.loading import (
@@ -86,9 +86,13 @@ def check_models(cfg: Config, log=print) -> None:
     """Resolve the policy and the reference (building the demo model on first use) and check, from
     their configs alone, that each exists and is a causal LM: before the run directory exists."""
     policy_path, ref_path = model_paths(cfg, log)
-    check_causal_lm(policy_path, cfg.model.trust_remote_code, what="model.policy")
+    config = check_causal_lm(policy_path, cfg.model.trust_remote_code, what="model.policy")
     if ref_path != policy_path:
         check_causal_lm(ref_path, cfg.model.trust_remote_code, what="model.reference")
+    if cfg.generation.backend == "vllm":
+        from tba.generation.vllm_backend import check_vllm_backend
+
+        check_vllm_backend(config, resolve_device(cfg.run.device))
 
 
 def make_buffer(cfg: Config) -> ReplayBuffer:
@@ -134,18 +138,52 @@ def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
     return task, tokenizer
 
 
+def make_generator(
+    cfg: Config, sampler: torch.nn.Module | None, pad_id: int, eos: set[int], searcher_id: int = 0
+) -> Generator:
+    """The searcher's generation backend: HF ``generate`` over ``sampler``, or a vLLM engine that
+    loads ``model.policy`` itself (``sampler`` is then None)."""
+    if cfg.generation.backend == "hf":
+        return HFGenerator(sampler, pad_id, eos)
+    from tba.generation.vllm_backend import VLLMGenerator
+
+    device = resolve_device(cfg.run.device)
+    v = cfg.generation.vllm
+    policy_path, _ = model_paths(cfg)
+    return VLLMGenerator(
+        policy_path,
+        eos,
+        device,
+        resolve_dtype(cfg.model.dtype, device),
+        seed=cfg.run.seed * 1000 + searcher_id,
+        kv_cache_gb=v.kv_cache_gb,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        max_model_len=v.max_model_len,
+        enforce_eager=v.enforce_eager,
+        enable_prefix_caching=v.enable_prefix_caching,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+
+
 def make_searcher(
-    cfg: Config, task: Task, tokenizer, sampler: torch.nn.Module, reference, weights: WeightStore, searcher_id: int = 0
+    cfg: Config,
+    task: Task,
+    tokenizer,
+    sampler: torch.nn.Module | None,
+    reference,
+    weights: WeightStore,
+    searcher_id: int = 0,
 ) -> Searcher:
+    """A searcher over ``sampler`` (None with the vLLM backend, whose engine holds the policy)."""
     g = cfg.generation
-    eos = completion_eos(cfg, tokenizer, sampler)
+    eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference)
     temperature = (
         g.searcher_temperatures[searcher_id % len(g.searcher_temperatures)]
         if g.searcher_temperatures
         else g.temperature
     )
     top_p = g.searcher_top_ps[searcher_id % len(g.searcher_top_ps)] if g.searcher_top_ps else g.top_p
-    generator = HFGenerator(sampler, tokenizer.pad_token_id, eos)
+    generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, searcher_id)
     if g.explore_prob > 0:
         t_range = g.explore_temperature or (temperature, temperature * 1.1 / 0.7)
         generator = ExploringGenerator(
@@ -187,6 +225,9 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
     task = make_task(cfg, tokenizer, log)
     task.setup(device)  # task-owned models live in searcher processes, never in the trainer
+    if cfg.generation.backend == "vllm":  # the engine loads the policy itself
+        reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
+        return make_searcher(cfg, task, tokenizer, None, reference, weights, searcher_id)
     sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
     if m.lora is not None:
         sampler = add_adapter(sampler, m.lora).eval().requires_grad_(False)
@@ -274,8 +315,10 @@ def build_components(
         # publishes, so its data is tagged with the version that really produced it. A LoRA
         # sampler shares the frozen base weights with the policy and copies only the adapter.
         task.setup(device)
-        sampler = copy_sharing_frozen(policy).eval().requires_grad_(False)
-        if m.lora is None:  # the searchers' dtype, not the trainer's master weights
+        sampler = None  # the vLLM engine loads the policy itself
+        if cfg.generation.backend == "hf":
+            sampler = copy_sharing_frozen(policy).eval().requires_grad_(False)
+        if sampler is not None and m.lora is None:  # the searchers' dtype, not the trainer's master weights
             sampler = sampler.to(resolve_dtype(m.dtype, device))
         if m.lora is not None:
             reference = ReferenceView(sampler)

