@@ -148,7 +148,6 @@ def make_generator(
     from tba.generation.vllm_backend import VLLMGenerator
 
     device = resolve_device(cfg.run.device)
-    v = cfg.generation.vllm
     policy_path, _ = model_paths(cfg)
     return VLLMGenerator(
         policy_path,
@@ -156,12 +155,8 @@ def make_generator(
         device,
         resolve_dtype(cfg.model.dtype, device),
         seed=cfg.run.seed * 1000 + searcher_id,
-        kv_cache_gb=v.kv_cache_gb,
-        gpu_memory_utilization=v.gpu_memory_utilization,
-        max_model_len=v.max_model_len,
-        enforce_eager=v.enforce_eager,
-        enable_prefix_caching=v.enable_prefix_caching,
         trust_remote_code=cfg.model.trust_remote_code,
+        **cfg.generation.vllm.model_dump(),  # the engine settings, named as the generator names them
     )
 
 
