@@ -1,0 +1,176 @@
+"""Hugging Face ``generate`` against vLLM as a searcher uses them: the same random model, prompts and
+lengths, side by side in one run. Per backend: start-up (loading the model, or starting the
+engine), sampling throughput, and the seconds to take new weights (as after a publication).
+
+    .venv/bin/python benchmarks/bench_generation.py                      # CPU, a small random Llama
+    python benchmarks/bench_generation.py --device cuda --hidden 896 --layers 24 --heads 14 --vocab 151936
+
+Each backend runs in a fresh process (an in-process vLLM engine changes the process it lives in)
+through the backends' own classes (``HFGenerator``, ``VLLMGenerator``). Completions are held to
+exactly ``--new-tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``), so both backends
+generate the same number of tokens; tokens/s counts completion tokens. Each figure is the best of
+``--repeats`` after one warm-up batch. Results: a table on stdout and ``--out``/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def build_model(a: argparse.Namespace, path: Path) -> None:
+    """A random Llama with the demo's character tokenizer widened to ``--vocab`` ids, saved to ``path``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tba.models.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=max(a.vocab, len(tokenizer)),
+        hidden_size=a.hidden,
+        intermediate_size=a.hidden * 3,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.heads,
+        max_position_embeddings=a.prompt_len + a.new_tokens + 8,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
+    """One backend, in this process: start-up, throughput, weight update."""
+    from transformers import AutoModelForCausalLM
+
+    from tba.generation.base import SamplingParams
+    from tba.models.loading import resolve_dtype
+
+    torch.set_num_threads(a.threads)  # before an engine makes it a no-op
+    device = torch.device(a.device)
+    dtype = resolve_dtype(a.dtype, device)
+    eos = {2}
+    start = time.perf_counter()
+    if backend == "hf":
+        from tba.generation.hf import HFGenerator
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        generator = HFGenerator(model, pad_id=0, eos_ids=eos)
+    else:
+        from tba.generation.vllm_backend import VLLMGenerator
+
+        generator = VLLMGenerator(path, eos, device, dtype, kv_cache_gb=a.kv_cache_gb)
+    start_s = time.perf_counter() - start
+
+    rng = random.Random(0)
+    vocab = a.vocab
+    prompts = [[1] + [rng.randrange(3, vocab) for _ in range(a.prompt_len - 1)] for _ in range(a.prompts)]
+    params = SamplingParams(
+        n=a.k, temperature=1.0, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, logprobs=a.logprobs
+    )
+    generator.generate(prompts[:2], params)  # warm-up
+    seconds, tokens = [], 0
+    for _ in range(a.repeats):
+        t0 = time.perf_counter()
+        out = generator.generate(prompts, params)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - t0)
+        tokens = sum(len(c.token_ids) for group in out for c in group)
+
+    state = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict()  # what a publication brings
+    updates = []
+    for version in range(1, a.repeats + 1):
+        t0 = time.perf_counter()
+        generator.load_weights(state, version)
+        updates.append(time.perf_counter() - t0)
+    return {
+        "backend": backend,
+        "start_s": start_s,
+        "generate_s": min(seconds),
+        "tokens": tokens,
+        "tokens_per_s": tokens / min(seconds),
+        "load_weights_s": min(updates),
+    }
+
+
+def run_one(backend: str, path: Path, a: argparse.Namespace) -> dict:
+    args = [sys.executable, __file__, "--one", backend, str(path)]
+    for key in ("device", "dtype", "threads", "prompts", "k", "prompt_len", "new_tokens", "repeats", "vocab"):
+        args += [f"--{key.replace('_', '-')}", str(getattr(a, key))]
+    args += ["--kv-cache-gb", str(a.kv_cache_gb)] + (["--logprobs"] if a.logprobs else [])
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{backend} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="model.dtype: auto (fp32 on CPU, bf16 on GPU), float32, ...")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads of each measured process")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument(
+        "--heads", type=int, default=4, help="attention heads (vLLM's CPU kernels take head sizes 32, 64, ...)"
+    )
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--prompts", type=int, default=16, help="prompts per batch")
+    p.add_argument("--k", type=int, default=4, help="samples per prompt")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--kv-cache-gb", type=float, default=1.0, help="vLLM's KV cache on a CPU")
+    p.add_argument("--logprobs", action="store_true", help="also return sampled-token log-probs (ratio objectives)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/generation"))
+    p.add_argument("--one", nargs=2, metavar=("BACKEND", "MODEL"), help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def main() -> None:
+    a = parse_args()
+    if a.one:
+        print(json.dumps(measure(a.one[0], a.one[1], a)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        build_model(a, Path(tmp))
+        rows = [run_one(backend, Path(tmp), a) for backend in ("hf", "vllm")]
+    hf = rows[0]
+    shape = f"{a.prompts} prompts x {a.k} samples, {a.prompt_len} + {a.new_tokens} tokens"
+    print(f"{shape}, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}, {a.device}, {a.threads} threads")
+    print("| backend | start-up s | batch s | tokens/s | tokens/s vs HF | load weights s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['backend']} | {r['start_s']:.2f} | {r['generate_s']:.2f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f} | {r['load_weights_s']:.3f} |"
+        )
+    a.out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": shlex.join([".venv/bin/python", "benchmarks/bench_generation.py", *sys.argv[1:]]),
+        "machine": {"cpu_count": os.cpu_count(), "processor": platform.machine(), "torch": torch.__version__},
+        "settings": {k: str(v) for k, v in vars(a).items()},
+        "rows": rows,
+    }
+    (a.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {a.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
