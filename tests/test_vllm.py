@@ -116,6 +116,16 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     assert all(r["searcher/completions"] > 0 for r in records[-3:])
     # the engine sampled with weights the trainer published after it started
     assert max(r.policy_version for r in stored_rollouts(run_dir, 12)) > 0
+    if runtime == "sync":  # tba eval of the run, through a vLLM engine on its checkpoint
+        env = {**os.environ, "TBA_CACHE": str(demo_cache), "TERM": "dumb"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "tba", "eval", str(run_dir)], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads((run_dir / "checkpoints" / "step_12" / "eval.json").read_text())
+        logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 12 and "eval/accuracy" in r]
+        assert result["metrics"]["eval/accuracy"] == logged[0]["eval/accuracy"]  # the trainer evaluated with HF
+        assert "vllm" in proc.stderr.lower()  # the engine did start
 
 
 def test_vllm_backend_with_an_unsupported_head_size_stops_before_the_run_directory(tmp_path, tiny_checkpoint):

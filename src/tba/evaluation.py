@@ -132,13 +132,19 @@ class Evaluator:
         policy: torch.nn.Module,
         eos_ids: set[int],
         reference: Callable[[], torch.nn.Module | None] = lambda: None,
+        generator: Generator | None = None,
     ):
+        """``generator``: a backend that holds its own copy of the policy (a vLLM engine), which
+        :meth:`load_weights` then updates too; default: HF ``generate`` on ``policy``."""
         self.cfg = cfg
         self.task = task
         self.tokenizer = tokenizer
         self.policy = policy
         self.eos_ids = eos_ids
-        self.generator = HFGenerator(policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size)
+        self._own_generator = generator is not None
+        self.generator = generator or HFGenerator(
+            policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size
+        )
         self._reference = reference
         self._task_ready = False
 
@@ -162,6 +168,8 @@ class Evaluator:
         from tba.models.lora import load_published_state
 
         load_published_state(self.policy, state)
+        if self._own_generator:
+            self.generator.load_weights(state, version=-1)
 
 
 def write_samples(run_dir: Path, step: int, samples: list[dict]) -> None:

@@ -353,7 +353,14 @@ def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print) -> Ev
 
                 load_policy_weights(policy, checkpoint)
     eos = completion_eos(cfg, tokenizer, policy)
-    return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, policy, log))
+    generator = None
+    if cfg.generation.backend == "vllm":
+        # An engine on model.policy, then the checkpoint's weights: a checkpoint folder also holds
+        # the trainer's state files, which vLLM would take for weight shards.
+        generator = make_generator(cfg, None, tokenizer.pad_token_id, eos)
+        if checkpoint is not None:
+            generator.load_weights(policy.state_dict(), version=-1)
+    return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, policy, log), generator)
 
 
 def lazy_reference(cfg: Config, policy: torch.nn.Module, log=print):
