@@ -49,6 +49,24 @@ def measured(head32_checkpoint) -> dict:
 
 
 @needs_vllm
+def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(tmp_path):
+    from tests.tiny_bpe import build_bpe_chat_model
+
+    path = build_bpe_chat_model(tmp_path / "chat", shape={"hidden_size": 64})  # 2 heads of 32
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [sys.executable, str(CHECKS), "--chat", str(path)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {
+        "end_of_turn_is_an_end_id": True,
+        "greedy_equal": True,
+        "greedy_min3_equal": True,
+    }
+
+
+@needs_vllm
 def test_vllm_greedy_equals_hf_greedy_on_the_same_weights(measured):
     assert measured["greedy_equal"] and measured["greedy_finished_equal"]
     assert measured["greedy_copies"] == [2] * 5  # n greedy copies, as HF gives

@@ -71,5 +71,39 @@ def main(path: str) -> dict:
     return out
 
 
+def chat(path: str) -> dict:
+    """A BPE chat model whose end-of-turn token (``<|im_end|>``) is not its EOS: prompts through
+    the chat template, every end id found the way searchers find them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tba.generation.base import SamplingParams
+    from tba.generation.hf import HFGenerator
+    from tba.generation.vllm_backend import VLLMGenerator
+    from tba.models.loading import encode_prompts, eos_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eos = eos_ids(tokenizer, model)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25)
+    hf = HFGenerator(model, tokenizer.pad_token_id, eos)
+    prompts = encode_prompts(tokenizer, ["What is 3 + 4?", "Natalia sold clips.", "How many clips?"])
+    out = {"end_of_turn_is_an_end_id": end_of_turn in eos and end_of_turn != tokenizer.eos_token_id}
+    for name, params in (
+        ("greedy", SamplingParams(n=1, max_new_tokens=12, greedy=True)),
+        ("greedy_min3", SamplingParams(n=1, max_new_tokens=12, min_new_tokens=3, greedy=True)),
+    ):
+        mine, theirs = engine.generate(prompts, params), hf.generate(prompts, params)
+        out[f"{name}_equal"] = [[(c.token_ids, c.finished) for c in g] for g in mine] == [
+            [(c.token_ids, c.finished) for c in g] for g in theirs
+        ]
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    if sys.argv[1] == "--chat":
+        print(json.dumps(chat(sys.argv[2])))
+    else:
+        print(json.dumps(main(sys.argv[1])))
