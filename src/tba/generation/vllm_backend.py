@@ -132,11 +132,8 @@ class VLLMGenerator:
         )
         requests = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        groups = []
-        for out in outputs:
-            group = [self._completion(c, params.logprobs) for c in out.outputs]
-            groups.append(group * params.n if params.greedy else group)
-        return groups
+        copies = params.n if params.greedy else 1  # K separate copies of the one greedy completion
+        return [[self._completion(c, params.logprobs) for c in out.outputs for _ in range(copies)] for out in outputs]
 
     def _completion(self, output, logprobs: bool) -> Completion:
         tokens = truncate_at_eos(list(output.token_ids), self.eos_ids)

@@ -56,6 +56,14 @@ def pack(
     return ids.to(device), attn.to(device), comp_mask.to(device), p_len
 
 
+def pack_for(
+    model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad_id: int, eos_ids
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """:func:`pack` of the completions cut after their first EOS, on ``model``'s device."""
+    completions = [truncate_at_eos(c, eos_ids) for c in completions]
+    return pack(prompts, completions, pad_id, next(model.parameters()).device)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     prompts: list[list[int]],
@@ -74,9 +82,7 @@ def token_logprobs(
     capped or scaled logits, a head with an adapter) get their logits from their own forward,
     completion positions only (``logits_to_keep``), with the same chunked fp32 log-softmax.
     """
-    completions = [truncate_at_eos(c, eos_ids) for c in completions]
-    device = next(model.parameters()).device
-    ids, attn, comp_mask, p_len = pack(prompts, completions, pad_id, device)
+    ids, attn, comp_mask, p_len = pack_for(model, prompts, completions, pad_id, eos_ids)
     c_len = ids.shape[1] - p_len
     # Position t predicts token t+1, so the last prompt position and every completion position are
     # kept; the last one predicts past the end: it gets a dummy target, dropped below.
@@ -261,9 +267,7 @@ def full_logits_token_logprobs(
     """:func:`token_logprobs` the direct way, as it was computed before the lean version: logits of
     every position, an fp32 copy of the completion part and a full ``log_softmax``. Kept as the
     reference that tests and ``benchmarks/bench_memory.py`` compare against; do not train with it."""
-    completions = [truncate_at_eos(c, eos_ids) for c in completions]
-    device = next(model.parameters()).device
-    ids, attn, comp_mask, p_len = pack(prompts, completions, pad_id, device)
+    ids, attn, comp_mask, p_len = pack_for(model, prompts, completions, pad_id, eos_ids)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits  # [N, P+C, V]
     logits = logits[:, p_len - 1 : -1].float()  # [N, C, V]

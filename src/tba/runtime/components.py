@@ -30,6 +30,7 @@ from tba.models.loading import (
     resolve_device,
     resolve_dtype,
 )
+from tba.models.logprobs import unwrap
 from tba.models.lora import ReferenceView, add_adapter, check_lora_config, copy_sharing_frozen
 from tba.models.precision import Precision
 from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_model
@@ -220,11 +221,10 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
     task = make_task(cfg, tokenizer, log)
     task.setup(device)  # task-owned models live in searcher processes, never in the trainer
-    if cfg.generation.backend == "vllm":  # the engine loads the policy itself
-        reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
-        return make_searcher(cfg, task, tokenizer, None, reference, weights, searcher_id)
-    sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
-    if m.lora is not None:
+    sampler = None  # with vLLM the engine loads the policy itself
+    if cfg.generation.backend == "hf":
+        sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
+    if m.lora is not None:  # (vLLM with LoRA is refused by the config)
         sampler = add_adapter(sampler, m.lora).eval().requires_grad_(False)
         reference = ReferenceView(sampler)
     else:
@@ -253,7 +253,7 @@ def load_trainer_policy(cfg: Config, path: str, device: torch.device, precision:
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """transformers' activation checkpointing of every decoder layer, non-reentrant (it needs no
     input that requires grad, so it works under a LoRA adapter). A model without it is a config error."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrap(model)
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise ConfigError(
             f"trainer.gradient_checkpointing=true, but {type(base).__name__} does not support activation "
@@ -310,11 +310,11 @@ def build_components(
         # publishes, so its data is tagged with the version that really produced it. A LoRA
         # sampler shares the frozen base weights with the policy and copies only the adapter.
         task.setup(device)
-        sampler = None  # the vLLM engine loads the policy itself
+        sampler = None  # with vLLM the engine loads the policy itself
         if cfg.generation.backend == "hf":
             sampler = copy_sharing_frozen(policy).eval().requires_grad_(False)
-        if sampler is not None and m.lora is None:  # the searchers' dtype, not the trainer's master weights
-            sampler = sampler.to(resolve_dtype(m.dtype, device))
+            if m.lora is None:  # the searchers' dtype, not the trainer's master weights
+                sampler = sampler.to(resolve_dtype(m.dtype, device))
         if m.lora is not None:
             reference = ReferenceView(sampler)
         else:
