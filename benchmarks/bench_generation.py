@@ -3,6 +3,7 @@ lengths, side by side in one run. Per backend: start-up (loading the model, or s
 engine), sampling throughput, and the seconds to take new weights (as after a publication).
 
     .venv/bin/python benchmarks/bench_generation.py                      # CPU, a small random Llama
+    .venv/bin/python benchmarks/bench_generation.py --lora 16            # a rank-16 LoRA policy, 3 ways
     python benchmarks/bench_generation.py --device cuda --hidden 896 --layers 24 --heads 14 --vocab 151936
 
 Each backend runs in a fresh process (an in-process vLLM engine changes the process it lives in)
@@ -10,6 +11,13 @@ through the backends' own classes (``HFGenerator``, ``VLLMGenerator``). Completi
 exactly ``--new-tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``), so both backends
 generate the same number of tokens; tokens/s counts completion tokens. Each figure is the best of
 ``--repeats`` after one warm-up batch. Results: a table on stdout and ``--out``/results.json.
+
+``--lora R`` compares the ways to sample from a LoRA policy (rank R on every linear layer, random
+trained-looking adapter): HF ``generate`` through the PEFT model, vLLM with the adapter merged into
+the engine's weights (``MergedLoraGenerator``, what searchers do), and vLLM's own LoRA support
+(``enable_lora``, the adapter saved to a folder and loaded in place at each publication). Its
+"update s" is handing over a new adapter and finishing a one-token request, since vLLM's LoRA
+loads lazily on the next request.
 """
 
 from __future__ import annotations
@@ -65,15 +73,25 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
     dtype = resolve_dtype(a.dtype, device)
     eos = {2}
     start = time.perf_counter()
+    adapter = None
     if backend == "hf":
         from tba.generation.hf import HFGenerator
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        if a.lora:
+            model = adapter = with_adapter(model, a)
         generator = HFGenerator(model, pad_id=0, eos_ids=eos)
+    elif backend == "vllm-lora-native":
+        generator = NativeLoraGenerator(path, eos, device, dtype, a)
+        adapter = generator.adapter
     else:
-        from tba.generation.vllm_backend import VLLMGenerator
+        from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
 
         generator = VLLMGenerator(path, eos, device, dtype, kv_cache_gb=a.kv_cache_gb)
+        if a.lora:
+            adapter = with_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), a)
+            generator = MergedLoraGenerator(generator, adapter)
+            generator.load_weights(published_state(adapter), 0)
     start_s = time.perf_counter() - start
 
     rng = random.Random(0)
@@ -92,11 +110,17 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
         seconds.append(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for group in out for c in group)
 
-    state = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict()  # what a publication brings
+    if adapter is not None:
+        state = {k: v.clone() for k, v in published_state(adapter).items()}
+    else:
+        state = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).state_dict()  # what a publication brings
+    one_token = SamplingParams(n=1, max_new_tokens=1, greedy=True)
     updates = []
     for version in range(1, a.repeats + 1):
         t0 = time.perf_counter()
         generator.load_weights(state, version)
+        if a.lora:
+            generator.generate(prompts[:1], one_token)
         updates.append(time.perf_counter() - t0)
     return {
         "backend": backend,
@@ -108,11 +132,71 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
     }
 
 
+def with_adapter(model, a: argparse.Namespace):
+    """``model`` with a rank ``--lora`` adapter on every linear layer, its B filled as if trained."""
+    from tba.config import LoraConfig
+    from tba.models.lora import add_adapter
+
+    model = add_adapter(model, LoraConfig(r=a.lora, alpha=2 * a.lora, target_modules="all-linear")).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    return model
+
+
+def published_state(model) -> dict:
+    from tba.models.lora import published_state as state
+
+    return state(model)
+
+
+class NativeLoraGenerator:
+    """vLLM's own LoRA: the engine holds the base model and applies the adapter per request; a
+    publication saves the adapter in PEFT's format and loads it in place under the same id."""
+
+    def __init__(self, path: str, eos: set[int], device, dtype, a: argparse.Namespace):
+        from transformers import AutoModelForCausalLM
+
+        from tba.generation.vllm_backend import VLLMGenerator, import_vllm
+
+        vllm = import_vllm()
+        self.folder = Path(tempfile.mkdtemp())
+        self.adapter = with_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), a)
+        self.adapter.save_pretrained(self.folder)
+        self.engine = VLLMGenerator.__new__(VLLMGenerator)
+        self.engine.vllm, self.engine.eos_ids, self.engine.version = vllm, set(eos), -1
+        self.engine.llm = vllm.LLM(
+            model=path,
+            dtype=dtype,
+            seed=0,
+            enforce_eager=device.type == "cpu",
+            logprobs_mode="raw_logprobs",
+            enable_lora=True,
+            max_lora_rank=a.lora,
+            max_loras=1,
+            **({"kv_cache_memory_bytes": int(a.kv_cache_gb * 2**30)} if device.type == "cpu" else {}),
+        )
+        self.request = vllm.lora.request.LoRARequest("policy", 1, str(self.folder), load_inplace=True)
+        generate = self.engine.llm.generate
+        self.engine.llm.generate = lambda *args, **kw: generate(*args, lora_request=self.request, **kw)
+
+    def generate(self, prompts, params):
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, state: dict, version: int) -> None:
+        from tba.models.lora import load_published_state
+
+        load_published_state(self.adapter, state)
+        self.adapter.save_pretrained(self.folder)
+
+
 def run_one(backend: str, path: Path, a: argparse.Namespace) -> dict:
     args = [sys.executable, __file__, "--one", backend, str(path)]
     for key in ("device", "dtype", "threads", "prompts", "k", "prompt_len", "new_tokens", "repeats", "vocab"):
         args += [f"--{key.replace('_', '-')}", str(getattr(a, key))]
-    args += ["--kv-cache-gb", str(a.kv_cache_gb)] + (["--logprobs"] if a.logprobs else [])
+    args += ["--kv-cache-gb", str(a.kv_cache_gb), "--lora", str(a.lora)] + (["--logprobs"] if a.logprobs else [])
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -138,7 +222,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="vLLM's KV cache on a CPU")
     p.add_argument("--logprobs", action="store_true", help="also return sampled-token log-probs (ratio objectives)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/generation"))
+    p.add_argument("--lora", type=int, default=0, help="rank of a LoRA policy: compare merging with vLLM's LoRA")
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/generation[_lora]")
     p.add_argument("--one", nargs=2, metavar=("BACKEND", "MODEL"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -150,11 +235,15 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         build_model(a, Path(tmp))
-        rows = [run_one(backend, Path(tmp), a) for backend in ("hf", "vllm")]
+        backends = ("hf", "vllm-lora-merged", "vllm-lora-native") if a.lora else ("hf", "vllm")
+        rows = [run_one(backend, Path(tmp), a) for backend in backends]
+    a.out = a.out or Path("benchmarks/results/generation" + ("_lora" if a.lora else ""))
     hf = rows[0]
     shape = f"{a.prompts} prompts x {a.k} samples, {a.prompt_len} + {a.new_tokens} tokens"
-    print(f"{shape}, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}, {a.device}, {a.threads} threads")
-    print("| backend | start-up s | batch s | tokens/s | tokens/s vs HF | load weights s |")
+    lora = f", LoRA rank {a.lora} on every linear layer" if a.lora else ""
+    print(f"{shape}, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}, {a.device}, {a.threads} threads{lora}")
+    update = "update s (new adapter + 1 token)" if a.lora else "load weights s"
+    print(f"| backend | start-up s | batch s | tokens/s | tokens/s vs HF | {update} |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(

@@ -287,10 +287,17 @@ def test_a_failed_start_does_not_block_its_run_name(tmp_path):
     (started / "checkpoints").mkdir(parents=True)
     (started / "config.yaml").write_text("run: {}\n")
     assert check_run_dir(cfg) == started
-    (started / "metrics.jsonl").write_text('{"step": 1}\n')
+    (started / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.1}\n{"step": 1}\n')
     assert not remove_unstarted(started) and started.is_dir()
-    (started / "metrics.jsonl").unlink()
-    assert remove_unstarted(started) and not started.exists()
+    # the starting weights' evaluation: no training, but the name stays taken; the clean-up after a
+    # failed start of this very directory removes it
+    (started / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.1}\n')
+    (started / "samples.jsonl").write_text('{"step": 0, "completion": "7"}\n')
+    (started / "checkpoints" / "step_0").write_text("weights")
+    assert not remove_unstarted(started, step_zero=True) and started.is_dir()  # a checkpoint is training output
+    (started / "checkpoints" / "step_0").unlink()
+    assert not remove_unstarted(started) and started.is_dir()
+    assert remove_unstarted(started, step_zero=True) and not started.exists()
 
 
 @pytest.mark.parametrize(

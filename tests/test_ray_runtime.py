@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
@@ -220,3 +221,15 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cach
     assert "constructor arguments in the object store" not in stderr
     assert len(read_metrics(metrics)) >= 5
     assert not ray_processes(mark), ray_processes(mark, wait_s=0)
+
+
+def test_a_local_ray_instance_gets_every_gpu_but_the_trainers():
+    from tba.runtime.distributed import searcher_gpu_ids
+
+    cuda, cuda2 = torch.device("cuda"), torch.device("cuda:2")
+    assert searcher_gpu_ids(cuda, None, 4) == "1,2,3"
+    assert searcher_gpu_ids(cuda2, None, 4) == "0,1,3"
+    assert searcher_gpu_ids(cuda, "4,5,6,7", 4) == "5,6,7"  # indices count within the visible list
+    assert searcher_gpu_ids(cuda2, "4, 5,6,7", 4) == "4,5,7"
+    assert searcher_gpu_ids(cuda, None, 1) is None  # one GPU: trainer and searchers share it
+    assert searcher_gpu_ids(torch.device("cpu"), None, 4) is None  # a CPU trainer takes no GPU from Ray

@@ -86,13 +86,74 @@ def test_vllm_holds_back_every_end_token_until_min_new_tokens(measured):
 
 
 @needs_vllm
+def test_the_engine_keeps_the_thread_count_its_process_set(measured):
+    assert measured["threads_after_engine"] == 1
+
+
+def test_engine_memory_is_a_share_of_the_processs_gpu_share():
+    from tba.config import VLLMSettings
+
+    assert VLLMSettings().memory_fraction(0.5) == 0.375  # two searchers on one GPU: 3/4 of each half
+    assert VLLMSettings().memory_fraction(2.0) == 0.75  # an engine uses one GPU
+    assert VLLMSettings().memory_fraction(None) == 0.35  # beside the trainer (sync runtime)
+    assert VLLMSettings(gpu_memory_utilization=0.6).memory_fraction(0.5) == 0.6
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.6 is more than a searcher's share.*0.5"):
+        load_config(
+            None,
+            ["--runtime.type=ray", "--runtime.searcher_gpus=0.5", "--generation.vllm.gpu_memory_utilization=0.6"],
+        )
+
+
+@needs_vllm
 def test_vllm_loads_published_weights_in_place(measured):
     assert measured["reload_equal"] and measured["reload_changed"] and measured["version"] == 3
 
 
-def test_vllm_backend_refuses_lora():
-    with pytest.raises(ConfigError, match="generation.backend=vllm does not take LoRA"):
-        load_config(None, ["--generation.backend=vllm", "--model.lora={r: 4}"])
+@needs_vllm
+def test_vllm_runs_a_trained_lora_adapter_merged_like_hf_greedy_of_the_adapted_policy(head32_checkpoint):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [sys.executable, str(CHECKS), "--lora", str(head32_checkpoint)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert measured == {
+        "published_adapter_only": True,
+        "lora_equal": True,
+        "lora_changed": True,
+        "lora_version": 5,
+    }
+
+
+def test_merged_weights_are_peft_merge_and_unload_without_touching_the_policy(head32_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    from tba.config import LoraConfig
+    from tba.models.lora import add_adapter, merged_copy, merged_weights
+
+    base = AutoModelForCausalLM.from_pretrained(head32_checkpoint, dtype=torch.float32)
+    original = {k: v.clone() for k, v in base.state_dict().items()}
+    policy = add_adapter(base, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "down_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    merged = dict(merged_weights(policy))
+    expected = merged_copy(policy).state_dict()
+    assert merged.keys() == expected.keys() == original.keys()
+    assert all(torch.equal(merged[k], expected[k]) for k in merged)
+    changed = {k for k in merged if not torch.equal(merged[k], original[k])}
+    assert changed == {f"model.layers.{i}.{m}.weight" for i in range(2) for m in ("self_attn.q_proj", "mlp.down_proj")}
+    assert all(
+        torch.equal(v, original[k.replace(".base_layer", "")])
+        for k, v in policy.get_base_model().state_dict().items()
+        if "base_layer" in k
+    )
 
 
 def test_missing_vllm_is_one_line_with_the_install_command(monkeypatch, head32_checkpoint):
@@ -120,13 +181,16 @@ def train(tmp_path, demo_cache, *args: str) -> tuple[subprocess.CompletedProcess
 
 
 @needs_vllm
-@pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime):
+@pytest.mark.parametrize(("runtime", "lora"), [("sync", False), ("ray", False), ("ray", True)])
+def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime, lora):
     from tests.conftest import stored_rollouts
 
     from tba.metrics import read_metrics
 
-    proc, run_dir = train(tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12")
+    extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3"] if lora else []
+    proc, run_dir = train(
+        tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainer_steps"] == 12
@@ -142,7 +206,9 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads((run_dir / "checkpoints" / "step_12" / "eval.json").read_text())
         logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 12 and "eval/accuracy" in r]
-        assert result["metrics"]["eval/accuracy"] == logged[0]["eval/accuracy"]  # the trainer evaluated with HF
+        assert (
+            result["metrics"]["eval/accuracy"] == logged[0]["eval/accuracy"]
+        )  # the trainer evaluated on the searcher's engine
         assert "vllm" in proc.stderr.lower()  # the engine did start
 
 
@@ -155,3 +221,67 @@ def test_vllm_backend_with_an_unsupported_head_size_stops_before_the_run_directo
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and "heads of size 16" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "h").exists()
+
+
+def test_an_evaluation_on_the_searchers_engine_sees_the_trainers_weights_and_hands_the_searchers_back(
+    tiny_checkpoint, tmp_path
+):
+    """The sync runtime's evaluation with vLLM searchers lends the searcher's engine: it must
+    evaluate the trainer's current (unpublished) weights, and the searcher must generate with its
+    own published version afterwards. Any generator that holds its own copy of the policy lends
+    the same way; here the searcher's HF sampler copy stands in for the engine."""
+    from tba.evaluation import Evaluator
+    from tba.runtime.common import evaluate_policy
+    from tba.runtime.components import build_components
+
+    overrides = ["--task.digits=1", "--task.eval_size=12", "--eval.log_samples=12", "--generation.max_new_tokens=3"]
+    cfg = load_config(None, [f"--model.policy={tiny_checkpoint}", *overrides])
+    torch.manual_seed(0)
+    c = build_components(cfg, log=lambda _: None)
+    c.trainer.publish()
+    c.searcher.pull_weights()
+    with torch.no_grad():  # the trainer moves on (as training would) and publishes nothing
+        for p in c.policy.parameters():
+            p.add_(torch.randn_like(p), alpha=0.5)
+    published = {k: v.clone() for k, v in c.searcher.generator.model.state_dict().items()}
+    c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, generator=c.searcher.generator)
+    evaluate_policy(c, cfg, run_dir=tmp_path)
+    lent = [json.loads(line)["completion"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    trainers = [s["completion"] for s in Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids)().samples]
+    searchers = [
+        s["completion"] for s in Evaluator(cfg, c.task, c.tokenizer, c.searcher.generator.model, c.eos_ids)().samples
+    ]
+    assert len(lent) == 12 and lent == trainers and lent != searchers
+    after = c.searcher.generator.model.state_dict()
+    assert all(torch.equal(after[k], published[k]) for k in published)  # the searcher's weights are back
+    assert c.searcher.version == 0
+
+
+@needs_vllm
+@pytest.mark.parametrize("runtime", ["sync", "ray"])
+def test_an_engine_that_cannot_start_is_one_line_exit_2_and_no_run_directory(tmp_path, demo_cache, runtime):
+    proc, run_dir = train(tmp_path, demo_cache, f"--runtime.type={runtime}", "--generation.vllm.kv_cache_gb=1e-6")
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("tba: ")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and "the vLLM engine did not start" in lines[0] and "generation.vllm.kv_cache_gb" in lines[0]
+    assert "Traceback" not in proc.stderr.split(lines[0])[-1]
+    assert not run_dir.exists()
+
+
+def test_a_user_error_in_a_searchers_start_is_found_in_rays_traceback_text():
+    from tba.errors import EngineStartError
+    from tba.runtime.restarts import raised_user_error
+
+    text = (
+        "The actor died because of an error raised in its creation task, ray::SearcherWorker.__init__()\n"
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
+        "ValueError: No available memory for the cache blocks.\n\nThe above exception was the direct cause\n"
+        "tba.errors.EngineStartError: the vLLM engine did not start on m: no memory -- check it"
+    )
+    found = raised_user_error(text)
+    assert (
+        isinstance(found, EngineStartError)
+        and str(found) == "the vLLM engine did not start on m: no memory -- check it"
+    )
+    assert raised_user_error("Traceback ...\nZeroDivisionError: division by zero") is None
+    assert raised_user_error("tba.errors.Terminated: signal 15") is None  # not a UserError

@@ -26,9 +26,10 @@ def main(path: str) -> dict:
     eos = {tokenizer.eos_token_id}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     hf = HFGenerator(model, tokenizer.pad_token_id, eos)
+    torch.set_num_threads(1)  # as a searcher process sets runtime.searcher_cpus before its engine starts
     engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25)
     prompts = [tokenizer(text)["input_ids"] for text in ("12+7=", "3-8=", "45+45=", "9+0=", "60-13=")]
-    out: dict = {}
+    out: dict = {"threads_after_engine": torch.get_num_threads()}
 
     greedy = SamplingParams(n=2, max_new_tokens=6, greedy=True)
     mine, theirs = engine.generate(prompts, greedy), hf.generate(prompts, greedy)
@@ -102,8 +103,54 @@ def chat(path: str) -> dict:
     return out
 
 
+def lora(path: str) -> dict:
+    """A LoRA policy as searchers run it with vLLM: the adapter the trainer publishes after
+    training steps, loaded into the searcher's PEFT copy, merged into the engine's weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tba.config import LoraConfig
+    from tba.generation.base import SamplingParams
+    from tba.generation.hf import HFGenerator
+    from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
+    from tba.models.logprobs import sequence_logprobs
+    from tba.models.lora import add_adapter, published_state
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = {tokenizer.eos_token_id}
+    settings = LoraConfig(r=8, alpha=16)
+    policy = add_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), settings)
+    sampler = add_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), settings).eval()
+    engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25)
+    generator = MergedLoraGenerator(engine, sampler)
+    prompts = [tokenizer(text)["input_ids"] for text in ("12+7=", "3-8=", "45+45=", "9+0=", "60-13=")]
+    greedy = SamplingParams(n=1, max_new_tokens=6, greedy=True)
+    before = generator.generate(prompts, greedy)
+
+    # Training steps on the adapter: raise the log-likelihood of fixed completions until greedy moves.
+    targets = [tokenizer("777")["input_ids"][-3:] + [tokenizer.eos_token_id]] * len(prompts)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
+    for _ in range(30):
+        loss = -sequence_logprobs(policy, prompts, targets, tokenizer.pad_token_id, eos).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    state = published_state(policy.eval())
+    generator.load_weights(state, version=5)
+    after = generator.generate(prompts, greedy)
+    expected = HFGenerator(policy, tokenizer.pad_token_id, eos).generate(prompts, greedy)
+    tokens = lambda groups: [[c.token_ids for c in g] for g in groups]  # noqa: E731
+    return {
+        "published_adapter_only": all("lora_" in k for k in state),
+        "lora_equal": tokens(after) == tokens(expected),
+        "lora_changed": tokens(after) != tokens(before),
+        "lora_version": generator.version,
+    }
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--chat":
         print(json.dumps(chat(sys.argv[2])))
+    elif sys.argv[1] == "--lora":
+        print(json.dumps(lora(sys.argv[2])))
     else:
         print(json.dumps(main(sys.argv[1])))

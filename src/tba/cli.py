@@ -112,7 +112,8 @@ def report(err: UserError, debug: bool) -> int:
 
 def run_or_clean_up(run, cfg) -> None:
     """``run(cfg)``; if it raises, remove the run directory that this start created, unless training
-    wrote something there, so that a failed start does not block reusing the run's name."""
+    wrote something there (the evaluation of the starting weights is not training), so that a
+    failed start does not block reusing the run's name."""
     from tba.runtime.components import created_run_dirs, remove_unstarted
 
     created_run_dirs.clear()
@@ -120,7 +121,7 @@ def run_or_clean_up(run, cfg) -> None:
         run(cfg)
     except BaseException:
         for run_dir in created_run_dirs:
-            remove_unstarted(run_dir)
+            remove_unstarted(run_dir, step_zero=True)
         raise
 
 

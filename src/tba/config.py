@@ -310,9 +310,11 @@ TASK_NAMES = ("arithmetic", "dataset", "gsm8k", "tldr", "redteam")
 class VLLMSettings(_Section):
     """The vLLM engine of each searcher (``generation.backend=vllm``)."""
 
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """GPU: fraction of the device's memory the engine takes (weights and KV cache); leave room for
-    the searcher's reference model and anything else sharing the GPU."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """GPU: fraction of the device's whole memory the engine takes (weights and KV cache). Default:
+    3/4 of the process's share of its GPU (``runtime.searcher_gpus``, ``eval.eval_gpus``; a whole GPU
+    for ``tba eval``), the rest left to the searcher's reference model and a task's models; 0.35 in
+    the sync runtime, where the trainer shares the GPU. Searchers sharing one GPU each take theirs."""
     kv_cache_gb: float = Field(1.0, gt=0)
     """CPU: GiB of KV cache (vLLM would otherwise size it from the free memory)."""
     max_model_len: int | None = Field(None, ge=1)
@@ -322,6 +324,13 @@ class VLLMSettings(_Section):
     false on GPU."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prompt prefixes (the K samples of a prompt share it)."""
+
+    def memory_fraction(self, gpu_share: float | None) -> float:
+        """The engine's ``gpu_memory_utilization`` in a process given ``gpu_share`` of a GPU (None:
+        a process that shares its GPU with the trainer)."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return 0.75 * min(gpu_share, 1.0) if gpu_share else 0.35
 
 
 class GenerationConfig(_Section):
@@ -404,6 +413,12 @@ class ObjectiveConfig(_Section):
     """``rloo``: clip the sequence ratio against the sampler (Proximal RLOO, for off-policy data)."""
     max_tokens: int | None = Field(None, ge=1)
     """``dr_grpo``: the constant that token sums are divided by; default generation.max_new_tokens."""
+    tis_cap: float | None = Field(None, ge=1)
+    """Truncated importance sampling for the ratio objectives (``grpo``, ``dr_grpo``, ``ppo``,
+    ``rloo``), as verl and TRL correct vLLM samplers: the ratio is taken against the trainer's own
+    log-probs at the step's start and each token's term is weighted by min(π_trainer/π_sampler, cap)
+    (a sequence weight for ``rloo``). None (default): the ratio is to the sampler's log-probs, clipped.
+    Typical cap: 2."""
 
     @model_validator(mode="after")
     def _check_anneal(self) -> ObjectiveConfig:
@@ -411,12 +426,21 @@ class ObjectiveConfig(_Section):
             raise ValueError(
                 "beta_final needs beta_anneal_steps > 0 (or beta_final_from): set one of them, or unset beta_final"
             )
+        if self.tis_cap is not None and self.type in ("tb", "online_dpo"):
+            raise ValueError(
+                f"objective.tis_cap weights the ratio objectives (grpo, dr_grpo, ppo, rloo) by π_trainer/π_sampler; "
+                f"{self.type} uses no sampler log-probs (it learns from any sampler's data as it is): unset tis_cap"
+            )
         return self
 
     @property
     def needs_sampler_logps(self) -> bool:
         """Whether searchers must record the sampling policy's per-token log-probs."""
-        return self.type in ("grpo", "dr_grpo", "ppo") or (self.type == "rloo" and self.rloo_proximal)
+        return (
+            self.type in ("grpo", "dr_grpo", "ppo")
+            or (self.type == "rloo" and self.rloo_proximal)
+            or (self.type == "rloo" and self.tis_cap is not None)
+        )
 
 
 class BufferConfig(_Section):
@@ -651,15 +675,18 @@ class Config(_Section):
                 "run.resume with runtime.extra_lag: the delayed weights the searcher would load next are not "
                 "in the checkpoint; start the run afresh"
             )
+        share = self.runtime.searcher_gpus
+        fraction = self.generation.vllm.gpu_memory_utilization
+        if self.runtime.type == "ray" and fraction is not None and 0 < share < 1 and fraction > share:
+            raise ValueError(
+                f"generation.vllm.gpu_memory_utilization={fraction} is more than a searcher's share of its GPU "
+                f"(runtime.searcher_gpus={share}): the searchers that share a GPU would not all fit. Set it below "
+                f"{share} (the rest of the share holds the searcher's reference model), or unset it"
+            )
         if self.eval.async_ and self.runtime.type != "ray":
             raise ValueError(
                 "eval.async=true evaluates in a Ray actor beside the trainer, which needs runtime.type=ray; "
                 "drop eval.async for the sync runtime"
-            )
-        if self.generation.backend == "vllm" and self.model.lora is not None:
-            raise ValueError(
-                "generation.backend=vllm does not take LoRA adapters yet; use generation.backend=hf with "
-                "model.lora, or train every weight"
             )
         return self
 

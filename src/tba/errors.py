@@ -23,6 +23,10 @@ class RunDirError(UserError, OSError):
     """The run directory cannot be created or reopened (exists, not writable, nothing to resume)."""
 
 
+class EngineStartError(UserError, RuntimeError):
+    """A generation engine (vLLM) did not start: a model it cannot load, or settings it refuses."""
+
+
 class MissingDependency(UserError, ImportError):
     """An optional package that a setting needs is not installed; the message names the pip command."""
 

@@ -142,9 +142,8 @@ class Evaluator:
         self.policy = policy
         self.eos_ids = eos_ids
         self._own_generator = generator is not None
-        self.generator = generator or HFGenerator(
-            policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size
-        )
+        self.policy_generator = HFGenerator(policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size)
+        self.generator = generator or self.policy_generator
         self._reference = reference
         self._task_ready = False
 

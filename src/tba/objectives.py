@@ -24,11 +24,24 @@ The baselines, in the same engine so that one config key switches between them:
                 r − β·(log π − log π_ref); ``proximal=True`` clips the sequence ratio (Proximal RLOO)
     online_dpo  per group, highest- against lowest-reward completion, DPO loss against the reference
 
+Sampler/trainer mismatch. The ratio objectives take the sampler's per-token log-probs, which come
+from a stale policy and, with vLLM, from other kernels than the trainer's. By default they are the
+ratio's denominator (clipped, PPO's trust region around the sampler). With ``objective.tis_cap`` C
+they are corrected as verl and TRL correct vLLM's (truncated importance sampling, Yao et al. 2025):
+the clipped ratio is taken against the trainer's own log-probs at the step's start, π_old, and each
+token's term is multiplied by w_t = min(π_old(y_t)/π_sampler(y_t), C), with no gradient through w
+(:func:`truncated_is_weights`; for RLOO, a sequence-level ratio objective, w = min(Π_t π_old/π_sampler,
+C)). With one optimizer step per batch, as here, π_θ = π_old when the step starts, so the clip does
+not bind: the capped weight alone carries the correction (AReaL's decoupled objective, with the
+proximal policy at the step's start). :func:`sampler_mismatch` measures how far apart the two are.
+
 Per-token tensors are ``[N, T]`` with a ``[N, T]`` mask (1 on completion tokens up to and
 including EOS); sequence tensors are ``[N]``; the K completions of a prompt are consecutive.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -107,16 +120,61 @@ def group_advantages(reward: torch.Tensor, group_size: int, normalize_std: bool,
     return adv.reshape(-1)
 
 
+def truncated_is_weights(
+    old_token_logp: torch.Tensor, sampler_token_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Per-token truncated importance weights ``min(exp(log π_old − log π_sampler), cap)``, 0 off the
+    mask, ``[N, T]``, without gradient."""
+    with torch.no_grad():
+        return torch.exp((old_token_logp - sampler_token_logp) * mask).clamp(max=cap) * mask
+
+
+def sequence_is_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Sequence-level truncated importance weights ``min(exp(log π_old(y) − log π_sampler(y)), cap)``, ``[N]``."""
+    with torch.no_grad():
+        return torch.exp((old_logp - sampler_logp).clamp(max=math.log(cap)))
+
+
+def sampler_mismatch(
+    old_token_logp: torch.Tensor, sampler_token_logp: torch.Tensor, mask: torch.Tensor, cap: float | None = None
+) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's at the step's start, over the masked tokens:
+
+        sampler_logp_diff = mean_t |log π_old(y_t) − log π_sampler(y_t)|
+        sampler_ess       = (Σ_i w_i)² / (N · Σ_i w_i²),  w_i = Π_t π_old(y_it)/π_sampler(y_it)
+
+    ``sampler_ess`` is the effective sample size of the N sequences' importance weights as a
+    fraction of N: 1 when the two agree, 1/N when one sequence carries all the weight. With ``cap``
+    also ``tis_truncated``, the fraction of tokens whose weight the cap truncated."""
+    with torch.no_grad():
+        diff = (old_token_logp - sampler_token_logp) * mask
+        tokens = mask.sum().clamp(min=1)
+        log_w = diff.sum(dim=1).double()  # [N]
+        ess = torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0)) / log_w.numel()
+        metrics = {"sampler_logp_diff": (diff.abs().sum() / tokens).item(), "sampler_ess": ess.item()}
+        if cap is not None:
+            metrics["tis_truncated"] = (((diff > math.log(cap)) & (mask > 0)).sum() / tokens).item()
+    return metrics
+
+
 def _clipped_token_surrogate(
-    token_logp: torch.Tensor, old_token_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, clip_eps: float
+    token_logp: torch.Tensor,
+    old_token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    adv: torch.Tensor,
+    clip_eps: float,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``min(ratio·A, clip(ratio)·A)`` (masked to 0) and the clipped indicator."""
+    """Per-token ``w·min(ratio·A, clip(ratio)·A)`` (masked to 0; w = 1 unless ``is_weight``) and the
+    clipped indicator."""
     log_ratio = (token_logp - old_token_logp) * mask  # [N, T]
     ratio = torch.exp(log_ratio)
     a = adv.unsqueeze(1)  # [N, 1]
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a
     surrogate = torch.minimum(unclipped, clipped) * mask
+    if is_weight is not None:
+        surrogate = surrogate * is_weight
     was_clipped = ((clipped < unclipped) & (mask > 0)).float()
     return surrogate, was_clipped
 
@@ -151,12 +209,14 @@ def grpo_loss(
     clip_eps: float = 0.2,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO (Shao et al. 2024): group-normalised advantage, per-token clipped ratio, mean over
-    each sequence's tokens, then over sequences; plus ``kl_coef``·KL to the reference if set."""
+    each sequence's tokens, then over sequences; plus ``kl_coef``·KL to the reference if set.
+    ``is_weight``: ``[N, T]`` per-token weights (:func:`truncated_is_weights`)."""
     _check_groups(token_logp.shape[0], group_size)
     adv = group_advantages(reward.to(token_logp.dtype), group_size, normalize_std=True)
-    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps)
+    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps, is_weight)
     lengths = mask.sum(dim=1)
     loss = -(surrogate.sum(dim=1) / lengths.clamp(min=1)).mean()
     metrics = _ratio_metrics(token_logp, old_token_logp, mask, was_clipped)
@@ -178,14 +238,16 @@ def dr_grpo_loss(
     group_size: int,
     max_tokens: int,
     clip_eps: float = 0.2,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Dr. GRPO (Liu et al. 2025): advantage r − mean (no std division), per-token clipped
-    surrogate summed over tokens and divided by the constant ``max_tokens`` (no length bias)."""
+    surrogate summed over tokens and divided by the constant ``max_tokens`` (no length bias).
+    ``is_weight``: ``[N, T]`` per-token weights (:func:`truncated_is_weights`)."""
     _check_groups(token_logp.shape[0], group_size)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     adv = group_advantages(reward.to(token_logp.dtype), group_size, normalize_std=False)
-    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps)
+    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps, is_weight)
     loss = -(surrogate.sum(dim=1) / max_tokens).mean()
     metrics = _ratio_metrics(token_logp, old_token_logp, mask, was_clipped)
     metrics["advantage_abs_mean"] = adv.abs().mean().item()
@@ -206,14 +268,15 @@ def ppo_loss(
     beta: float,
     group_size: int,
     clip_eps: float = 0.2,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Asynchronous PPO without a value network: advantage = KL-shaped reward (computed with the
-    behaviour policy's log-probs) minus its group mean, per-token clipped ratio, token mean per
-    sequence, then the mean over sequences."""
+    old policy's log-probs) minus its group mean, per-token clipped ratio, token mean per
+    sequence, then the mean over sequences. ``is_weight``: ``[N, T]`` per-token weights."""
     _check_groups(token_logp.shape[0], group_size)
     old_seq = (old_token_logp * mask).sum(dim=1)
     adv = group_advantages(shaped_reward(reward, old_seq, ref_logp, beta), group_size, normalize_std=False)
-    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps)
+    surrogate, was_clipped = _clipped_token_surrogate(token_logp, old_token_logp, mask, adv, clip_eps, is_weight)
     loss = -(surrogate.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
     metrics = _ratio_metrics(token_logp, old_token_logp, mask, was_clipped)
     metrics["kl"] = (old_seq - ref_logp.to(old_seq.dtype)).mean().item()
@@ -228,26 +291,29 @@ def rloo_loss(
     group_size: int,
     sampler_logp: torch.Tensor | None = None,
     clip_eps: float | None = None,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """RLOO (Ahmadian et al. 2024) on sequence log-probs: A_j = r'_j − mean_{i≠j} r'_i with the
     KL-shaped reward r' (log π taken from ``sampler_logp`` when given, else the current policy),
     loss = −mean(A·log π). With ``clip_eps`` (Proximal RLOO) the sequence ratio
-    π/π_sampler is clipped as in PPO: −mean(min(ratio·A, clip(ratio)·A))."""
+    π/π_sampler is clipped as in PPO: −mean(min(ratio·A, clip(ratio)·A)). ``is_weight``: ``[N]``
+    sequence weights multiplying each term (:func:`sequence_is_weights`)."""
     _check_groups(logp.shape[0], group_size)
     behaviour = logp if sampler_logp is None else sampler_logp.to(logp.dtype)
     r = shaped_reward(reward, behaviour, ref_logp, beta).view(-1, group_size)  # [B, K]
     k = group_size
     adv = (r - (r.sum(dim=1, keepdim=True) - r) / (k - 1)).reshape(-1)  # leave-one-out baseline
     metrics = {"kl": (behaviour.detach() - ref_logp.to(logp.dtype)).mean().item()}
+    w = 1.0 if is_weight is None else is_weight.to(logp.dtype)
     if clip_eps is None:
-        return -(adv * logp).mean(), metrics
+        return -(w * adv * logp).mean(), metrics
     if sampler_logp is None:
         raise ValueError("proximal rloo (clip_eps set) needs sampler_logp")
     ratio = torch.exp(logp - behaviour)
     unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
     metrics["clip_fraction"] = (clipped < unclipped).float().mean().item()
     metrics["ratio_mean"] = ratio.detach().mean().item()
-    return -torch.minimum(unclipped, clipped).mean(), metrics
+    return -(w * torch.minimum(unclipped, clipped)).mean(), metrics
 
 
 def online_dpo_loss(

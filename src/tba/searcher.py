@@ -93,6 +93,14 @@ class Searcher:
         self.stats.weight_updates += 1
         return True
 
+    def reload_weights(self) -> None:
+        """Load the newest published weights again, whatever the generator holds now: after the
+        generator was lent out (the sync runtime evaluates the trainer's policy on the searcher's
+        vLLM engine), so what it generates next is tagged with the weights it really has."""
+        held, self.version = self.version, -1
+        if not self.pull_weights():
+            self.version = held  # nothing published yet: the first step's pull loads the first version
+
     def step(self) -> list[RolloutGroup]:
         self.pull_weights()
         if self.version < 0:

@@ -30,7 +30,17 @@ from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import token_logprobs
 from tba.models.lora import published_state
 from tba.models.precision import Precision, cast_floats
-from tba.objectives import dr_grpo_loss, grpo_loss, online_dpo_loss, ppo_loss, rloo_loss, tb_loss
+from tba.objectives import (
+    dr_grpo_loss,
+    grpo_loss,
+    online_dpo_loss,
+    ppo_loss,
+    rloo_loss,
+    sampler_mismatch,
+    sequence_is_weights,
+    tb_loss,
+    truncated_is_weights,
+)
 from tba.schedules import beta_at, lr_multiplier
 from tba.types import Batch, RolloutGroup
 from tba.weights import WeightStore
@@ -263,18 +273,34 @@ class Trainer:
             return tb_loss(logp, ref, reward, beta, k, scale_beta_sq=o.scale_beta_sq)
         if o.type == "online_dpo":
             return online_dpo_loss(logp, ref, reward, beta, k)
-        if o.type == "rloo" and not o.rloo_proximal:
+        if o.type == "rloo" and not o.needs_sampler_logps:
             return rloo_loss(logp, ref, reward, beta, k)
-        old = self._sampler_token_logps(rollouts, mask)  # [G*K, T]
+        sampler = self._sampler_token_logps(rollouts, mask)  # [G*K, T]
+        current = token_logp.detach()  # the trainer's log-probs at the step's start
+        mismatch = sampler_mismatch(current, sampler, mask, o.tis_cap)
+        if o.tis_cap is None:  # the ratio is to the sampler, clipped
+            old, weight = sampler, None
+        else:  # the ratio is to the trainer's own log-probs; the sampler enters through capped weights
+            old = current
+            weight = (
+                sequence_is_weights(current.sum(-1), sampler.sum(-1), o.tis_cap)
+                if o.type == "rloo"
+                else truncated_is_weights(current, sampler, mask, o.tis_cap)
+            )
         if o.type == "rloo":
-            return rloo_loss(logp, ref, reward, beta, k, sampler_logp=old.sum(-1), clip_eps=o.clip_eps)
-        if o.type == "grpo":
-            return grpo_loss(token_logp, old, mask, reward, k, o.clip_eps, ref_logp=ref, kl_coef=o.kl_coef)
-        if o.type == "dr_grpo":
-            return dr_grpo_loss(token_logp, old, mask, reward, k, self.max_tokens, o.clip_eps)
-        if o.type == "ppo":
-            return ppo_loss(token_logp, old, mask, reward, ref, beta, k, o.clip_eps)
-        raise ValueError(f"unknown objective.type {o.type!r}")
+            clip = o.clip_eps if o.rloo_proximal else None
+            loss, m = rloo_loss(logp, ref, reward, beta, k, sampler_logp=old.sum(-1), clip_eps=clip, is_weight=weight)
+        elif o.type == "grpo":
+            loss, m = grpo_loss(
+                token_logp, old, mask, reward, k, o.clip_eps, ref_logp=ref, kl_coef=o.kl_coef, is_weight=weight
+            )
+        elif o.type == "dr_grpo":
+            loss, m = dr_grpo_loss(token_logp, old, mask, reward, k, self.max_tokens, o.clip_eps, is_weight=weight)
+        elif o.type == "ppo":
+            loss, m = ppo_loss(token_logp, old, mask, reward, ref, beta, k, o.clip_eps, is_weight=weight)
+        else:
+            raise ValueError(f"unknown objective.type {o.type!r}")
+        return loss, {**m, **mismatch}
 
     @staticmethod
     def _sampler_token_logps(rollouts, mask: torch.Tensor) -> torch.Tensor:

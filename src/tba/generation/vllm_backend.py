@@ -14,8 +14,15 @@ runtime's process), behind the same two methods as the HF backend.
   and what the HF backend computes by teacher forcing (equal within float rounding in fp32; from
   other kernels in bf16 on a GPU).
 - **Weights in place.** ``load_weights`` hands the published state dict (Hugging Face names) to the
-  worker's ``reload_weights`` and clears the prefix cache: no engine restart. LoRA policies are not
-  supported by this backend yet (the config refuses them).
+  worker's ``reload_weights`` and clears the prefix cache: no engine restart.
+- **LoRA policies** (:class:`MergedLoraGenerator`): the trainer publishes the adapter only, as with
+  the HF backend; the searcher loads it into its own PEFT copy (base weights it holds anyway: they
+  are the reference) and hands the engine the merged full weights. The engine never runs an
+  adapter. Why merging and not vLLM's LoRA support: generation runs at the plain model's speed
+  (vLLM's LoRA kernels cost throughput every token, publication costs a reload once per k steps),
+  it works for every module PEFT adapts and every model vLLM loads (vLLM's LoRA covers fewer), and
+  the weight store still carries adapters only. ``benchmarks/bench_generation.py --lora`` measures
+  both ways.
 
 ``vllm`` is imported here only, and only when a generator is built.
 """
@@ -29,7 +36,7 @@ import os
 import torch
 
 from tba.config import ConfigError
-from tba.errors import MissingDependency
+from tba.errors import EngineStartError, MissingDependency
 from tba.generation.base import Completion, SamplingParams
 from tba.models.logprobs import truncate_at_eos
 
@@ -104,17 +111,25 @@ class VLLMGenerator:
             if cpu
             else {"gpu_memory_utilization": gpu_memory_utilization}
         )
-        self.llm = vllm.LLM(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=cpu if enforce_eager is None else enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            logprobs_mode="raw_logprobs",
-            trust_remote_code=trust_remote_code,
-            **memory,
-        )
+        try:
+            self.llm = vllm.LLM(
+                model=model_path,
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                enforce_eager=cpu if enforce_eager is None else enforce_eager,
+                enable_prefix_caching=enable_prefix_caching,
+                logprobs_mode="raw_logprobs",
+                trust_remote_code=trust_remote_code,
+                **memory,
+            )
+        except Exception as err:  # vLLM raises many kinds; each means the same to a user
+            reason = " ".join(str(err).split()) or type(err).__name__
+            size = "generation.vllm.kv_cache_gb" if cpu else "generation.vllm.gpu_memory_utilization"
+            raise EngineStartError(
+                f"the vLLM engine did not start on {model_path}: {reason[:400]} -- check {size} and "
+                "generation.vllm.max_model_len, or use generation.backend=hf"
+            ) from err
         self.version = -1
 
     @torch.no_grad()
@@ -143,8 +158,33 @@ class VLLMGenerator:
             token_logps = [step[t].logprob for step, t in zip(output.logprobs, tokens, strict=False)]
         return Completion(tokens, finished, token_logps)
 
-    def load_weights(self, state_dict: dict, version: int) -> None:
-        """Load a published full state dict (Hugging Face parameter names) into the running engine."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state_dict.items())})
+    def load_weights(self, state_dict, version: int) -> None:
+        """Load a published full state dict (Hugging Face parameter names; or ``(name, tensor)``
+        pairs) into the running engine."""
+        pairs = state_dict.items() if isinstance(state_dict, dict) else state_dict
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = version
+
+
+class MergedLoraGenerator:
+    """A vLLM engine for a LoRA policy: ``load_weights`` takes the published adapter, loads it into
+    ``lora_model`` (this process's PEFT copy of the policy, whose base is the reference) and reloads
+    the engine with the merged full weights."""
+
+    def __init__(self, engine: VLLMGenerator, lora_model: torch.nn.Module):
+        self.engine = engine
+        self.lora_model = lora_model
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        from tba.models.lora import load_published_state, merged_weights
+
+        load_published_state(self.lora_model, state_dict)
+        self.engine.load_weights(merged_weights(self.lora_model), version)

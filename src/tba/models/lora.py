@@ -148,6 +148,31 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo).merge_and_unload()
 
 
+def merged_weights(model: torch.nn.Module):
+    """The LoRA policy ``model``'s full weights with the adapter merged, as ``(name, tensor)`` pairs
+    named as the plain ``transformers`` model names them (what an engine that holds no adapter
+    loads). Merged tensors are made one at a time (W + PEFT's own delta for each adapted layer, in
+    W's dtype); every other tensor is the model's own, not a copy. The model is left unchanged."""
+    peft = require_peft()
+    base = model.get_base_model()
+    adapted = {
+        name: module
+        for name, module in base.named_modules()
+        if isinstance(module, peft.tuners.lora.LoraLayer) and ADAPTER_NAME in module.lora_A
+    }
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        module_name, _, leaf = key.rpartition(".")
+        owner = module_name.removesuffix(".base_layer")
+        name = f"{owner}.{leaf}" if owner else leaf
+        if leaf == "weight" and module_name.endswith(".base_layer") and owner in adapted:
+            with torch.no_grad():
+                delta = adapted[owner].get_delta_weight(ADAPTER_NAME)
+                tensor = tensor + delta.to(tensor.dtype)
+        yield name, tensor
+
+
 def load_adapter_checkpoint(model: torch.nn.Module, path: Path) -> None:
     """Load the adapter saved in ``path`` (PEFT's format) into the LoRA policy ``model``."""
     saved = json.loads((Path(path) / "adapter_config.json").read_text())

@@ -63,8 +63,16 @@ def evaluate_policy(
     """Evaluate the trainer's policy; append a few completions with their scores to
     ``<run>/samples.jsonl`` and, given ``metrics``, to its TensorBoard and W&B; return the ``eval/*``
     metrics."""
-    with compute_as(c.policy, resolve_dtype(cfg.model.dtype, c.trainer.device)):  # as searchers compute
-        result = policy_evaluator(c, cfg)()
+    evaluator = policy_evaluator(c, cfg)
+    if evaluator.generator is not evaluator.policy_generator:  # the searcher's vLLM engine, lent for this
+        evaluator.generator.load_weights(c.trainer.published_state(), version=c.trainer.version)
+        try:
+            result = evaluator()
+        finally:
+            c.searcher.reload_weights()
+    else:
+        with compute_as(c.policy, resolve_dtype(cfg.model.dtype, c.trainer.device)):  # as searchers compute
+            result = evaluator()
     if run_dir is not None:
         write_samples(run_dir, step, result.samples)
     if metrics is not None:
@@ -73,7 +81,10 @@ def evaluate_policy(
 
 
 def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
-    """The evaluator of the trainer's own policy (built on first use)."""
+    """The evaluator of the trainer's own policy (built on first use). With vLLM searchers in the
+    sync runtime it generates on the searcher's engine (loaded with the trainer's weights for each
+    evaluation, the searcher's own reloaded after); otherwise with HF ``generate`` on the policy (the
+    ray runtime's trainer holds no engine: ``eval.async=true`` evaluates on the evaluation actor's)."""
     if c.evaluator is None:
         # The frozen reference for evaluations that need it (KL): the searcher's in the sync
         # runtime; in the ray runtime, where the trainer holds none, built once on first use.
@@ -84,7 +95,11 @@ def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
             from tba.runtime.components import lazy_reference
 
             reference = lazy_reference(cfg, c.policy)
-        c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, reference)
+        engine = None
+        if c.searcher is not None and cfg.generation.backend == "vllm":
+            engine = c.searcher.generator
+            engine = getattr(engine, "inner", engine)  # past random exploration: evaluation samples as configured
+        c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, reference, engine)
     return c.evaluator
 
 

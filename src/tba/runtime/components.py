@@ -5,6 +5,7 @@ Shared by every runtime, so the sync and (later) distributed runtimes train the 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -31,7 +32,7 @@ from tba.models.loading import (
     resolve_dtype,
 )
 from tba.models.logprobs import unwrap
-from tba.models.lora import ReferenceView, add_adapter, check_lora_config, copy_sharing_frozen
+from tba.models.lora import ReferenceView, add_adapter, check_lora_config, copy_sharing_frozen, published_state
 from tba.models.precision import Precision
 from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_model
 from tba.searcher import Searcher
@@ -140,25 +141,39 @@ def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
 
 
 def make_generator(
-    cfg: Config, sampler: torch.nn.Module | None, pad_id: int, eos: set[int], searcher_id: int = 0
+    cfg: Config,
+    sampler: torch.nn.Module | None,
+    pad_id: int,
+    eos: set[int],
+    searcher_id: int = 0,
+    gpu_share: float | None = None,
 ) -> Generator:
     """The searcher's generation backend: HF ``generate`` over ``sampler``, or a vLLM engine that
-    loads ``model.policy`` itself (``sampler`` is then None)."""
+    loads ``model.policy`` itself (``sampler`` is then None, or for a LoRA policy the PEFT copy
+    whose merged weights the engine is handed at each publication). ``gpu_share``: this process's
+    share of its GPU (None: it shares the GPU with the trainer), which sizes the engine's memory."""
     if cfg.generation.backend == "hf":
         return HFGenerator(sampler, pad_id, eos)
-    from tba.generation.vllm_backend import VLLMGenerator
+    from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
 
     device = resolve_device(cfg.run.device)
     policy_path, _ = model_paths(cfg)
-    return VLLMGenerator(
+    settings = cfg.generation.vllm
+    engine = VLLMGenerator(
         policy_path,
         eos,
         device,
         resolve_dtype(cfg.model.dtype, device),
         seed=cfg.run.seed * 1000 + searcher_id,
         trust_remote_code=cfg.model.trust_remote_code,
-        **cfg.generation.vllm.model_dump(),  # the engine settings, named as the generator names them
+        **{  # the engine settings, named as the generator names them
+            **settings.model_dump(),
+            "gpu_memory_utilization": settings.memory_fraction(gpu_share),
+        },
     )
+    if cfg.model.lora is not None:
+        return MergedLoraGenerator(engine, sampler)
+    return engine
 
 
 def make_searcher(
@@ -169,8 +184,10 @@ def make_searcher(
     reference,
     weights: WeightStore,
     searcher_id: int = 0,
+    gpu_share: float | None = None,
 ) -> Searcher:
-    """A searcher over ``sampler`` (None with the vLLM backend, whose engine holds the policy)."""
+    """A searcher over ``sampler`` (with the vLLM backend, whose engine holds the policy: None, or a
+    LoRA policy's PEFT copy)."""
     g = cfg.generation
     eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference)
     temperature = (
@@ -179,7 +196,7 @@ def make_searcher(
         else g.temperature
     )
     top_p = g.searcher_top_ps[searcher_id % len(g.searcher_top_ps)] if g.searcher_top_ps else g.top_p
-    generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, searcher_id)
+    generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, searcher_id, gpu_share)
     if g.explore_prob > 0:
         t_range = g.explore_temperature or (temperature, temperature * 1.1 / 0.7)
         generator = ExploringGenerator(
@@ -222,14 +239,15 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     task = make_task(cfg, tokenizer, log)
     task.setup(device)  # task-owned models live in searcher processes, never in the trainer
     sampler = None  # with vLLM the engine loads the policy itself
-    if cfg.generation.backend == "hf":
+    if cfg.generation.backend == "hf" or m.lora is not None:  # vLLM with LoRA: the adapter's base, merged from
         sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
-    if m.lora is not None:  # (vLLM with LoRA is refused by the config)
+    if m.lora is not None:
         sampler = add_adapter(sampler, m.lora).eval().requires_grad_(False)
         reference = ReferenceView(sampler)
     else:
         reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
-    return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id)
+    # a searcher process: its share of a GPU is runtime.searcher_gpus
+    return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id, cfg.runtime.searcher_gpus)
 
 
 def load_trainer_policy(cfg: Config, path: str, device: torch.device, precision: Precision) -> torch.nn.Module:
@@ -310,8 +328,8 @@ def build_components(
         # publishes, so its data is tagged with the version that really produced it. A LoRA
         # sampler shares the frozen base weights with the policy and copies only the adapter.
         task.setup(device)
-        sampler = None  # with vLLM the engine loads the policy itself
-        if cfg.generation.backend == "hf":
+        sampler = None  # with vLLM the engine loads the policy itself (a LoRA one: merged from this copy)
+        if cfg.generation.backend == "hf" or m.lora is not None:
             sampler = copy_sharing_frozen(policy).eval().requires_grad_(False)
             if m.lora is None:  # the searchers' dtype, not the trainer's master weights
                 sampler = sampler.to(resolve_dtype(m.dtype, device))
@@ -333,7 +351,7 @@ def build_components(
     )
 
 
-def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print) -> Evaluator:
+def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print, gpu_share: float | None = 1.0) -> Evaluator:
     """An evaluator built from the config alone: the task (checked, as ``tba train`` checks it), the
     tokenizer, and the policy: ``model.policy``, or a checkpoint of a run of this config (a full
     model loads from the checkpoint itself; a LoRA adapter goes onto ``model.policy``). The
@@ -357,9 +375,10 @@ def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print) -> Ev
     if cfg.generation.backend == "vllm":
         # An engine on model.policy, then the checkpoint's weights: a checkpoint folder also holds
         # the trainer's state files, which vLLM would take for weight shards.
-        generator = make_generator(cfg, None, tokenizer.pad_token_id, eos)
+        sampler = policy if m.lora is not None else None
+        generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, gpu_share=gpu_share)
         if checkpoint is not None:
-            generator.load_weights(policy.state_dict(), version=-1)
+            generator.load_weights(published_state(policy), version=-1)
     return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, policy, log), generator)
 
 
@@ -462,18 +481,32 @@ def prepare_run_dir(cfg: Config, run_dir: Path | None = None) -> Path:
     return run_dir
 
 
-def unstarted(run_dir: Path) -> bool:
+def unstarted(run_dir: Path, step_zero: bool = False) -> bool:
     """The directory holds nothing a run wrote but ``config.yaml`` (and empty files or folders):
-    the trace of a start that failed before training, which does not block reusing the name."""
+    the trace of a start that failed before training, which does not block reusing the name. With
+    ``step_zero`` the records of the evaluation at step 0 (of the starting weights) count as
+    nothing too: what a start that failed while its searchers started leaves in the ray runtime."""
     for path in run_dir.rglob("*"):
-        if path.is_file() and path.name != "config.yaml" and path.stat().st_size > 0:
-            return False
+        if not path.is_file() or path.name == "config.yaml" or path.stat().st_size == 0:
+            continue
+        if step_zero and path.parent == run_dir and path.name in ("metrics.jsonl", "samples.jsonl"):
+            if _step_zero_only(path):
+                continue
+        return False
     return True
 
 
-def remove_unstarted(run_dir: Path) -> bool:
+def _step_zero_only(path: Path) -> bool:
+    """Every line of a JSON-lines file is a record of step 0."""
+    try:
+        return all(json.loads(line).get("step") == 0 for line in path.read_text().splitlines() if line.strip())
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
+
+
+def remove_unstarted(run_dir: Path, step_zero: bool = False) -> bool:
     """Delete ``run_dir`` if it holds no trace of training (see :func:`unstarted`); True if it did."""
-    if run_dir.is_dir() and unstarted(run_dir):
+    if run_dir.is_dir() and unstarted(run_dir, step_zero):
         shutil.rmtree(run_dir)
         return True
     return False

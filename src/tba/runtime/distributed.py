@@ -43,6 +43,7 @@ from tba.console import RunDisplay
 from tba.errors import interrupt_on_sigterm
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
+from tba.models.loading import resolve_device
 from tba.models.precision import PeakMemory
 from tba.plots import plot_run
 from tba.runtime import watchdog as watchdog_module
@@ -182,15 +183,45 @@ class SearcherWorker:
                 return batches
 
 
-def _init_ray(cfg: Config) -> bool:
-    """Join the configured cluster, or start a local instance; True if we started it."""
+def searcher_gpu_ids(trainer_device: torch.device, visible: str | None, count: int) -> str | None:
+    """The GPUs a local Ray instance may hand to searchers, as a ``CUDA_VISIBLE_DEVICES`` value:
+    every visible GPU but the trainer's when there are several (None: leave them all, as with one
+    GPU, which trainer and searchers then share, or none). ``visible`` is this process's
+    ``CUDA_VISIBLE_DEVICES`` (None: all ``count`` GPUs)."""
+    if trainer_device.type != "cuda" or count < 2:
+        return None
+    ids = (
+        [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else [str(i) for i in range(count)]
+    )
+    index = trainer_device.index or 0
+    if len(ids) < 2 or index >= len(ids):
+        return None
+    return ",".join(ids[:index] + ids[index + 1 :])
+
+
+def _init_ray(cfg: Config, trainer_device: torch.device | None = None) -> bool:
+    """Join the configured cluster, or start a local instance; True if we started it. A local
+    instance gets every GPU but the trainer's when the machine has several (:func:`searcher_gpu_ids`):
+    Ray hands GPUs out without knowing that this process trains on one."""
     if ray.is_initialized():
         return False
     quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
     if cfg.runtime.address:
         ray.init(address=cfg.runtime.address, **quiet)
         return True  # our connection; ray.shutdown() disconnects without stopping the cluster
-    ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **quiet)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = torch.cuda.device_count() if trainer_device is not None and trainer_device.type == "cuda" else 0
+    others = searcher_gpu_ids(trainer_device or torch.device("cpu"), visible, count)
+    if others is not None:  # Ray's node manager reads the variable when it starts; this process keeps its own
+        os.environ["CUDA_VISIBLE_DEVICES"] = others
+    try:
+        ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **quiet)
+    finally:
+        if others is not None:
+            if visible is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible
     return True
 
 
@@ -234,12 +265,17 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     cfg, run_dir, prepared = open_run(cfg, chatter)  # builds the demo model on every core, before the split
     torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
+    if cfg.generation.backend == "vllm" and not cfg.eval.async_:
+        log(
+            "evaluation: HF generate on the trainer's policy (the trainer holds no vLLM engine); "
+            "eval.async=true evaluates on one in the evaluation actor"
+        )
     watchdog = _start_watchdog(cfg)
     started_ray, old_sigterm = False, None
     actors, metrics, background = [], None, None
     inbox = None
     try:
-        started_ray = _init_ray(cfg)
+        started_ray = _init_ray(cfg, resolve_device(cfg.run.device))
         # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
         old_sigterm = interrupt_on_sigterm()
         run_id = uuid.uuid4().hex[:12]

@@ -35,7 +35,8 @@ class EvalWorker:
         torch.set_num_threads(threads)
         from tba.runtime.components import load_evaluator
 
-        self.evaluator = load_evaluator(build_config(cfg_data), log=lambda _: None)
+        cfg = build_config(cfg_data)
+        self.evaluator = load_evaluator(cfg, log=lambda _: None, gpu_share=cfg.eval.eval_gpus)
 
     def evaluate(self, step: int, weights: dict[str, torch.Tensor]) -> Finished:
         start = time.perf_counter()

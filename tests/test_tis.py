@@ -1,0 +1,149 @@
+"""Sampler/trainer mismatch: truncated importance sampling (``objective.tis_cap``) against hand
+values, the mismatch metrics, and the trainer's step with and without the correction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tba.buffer import ReplayBuffer
+from tba.config import ConfigError, ObjectiveConfig, TrainerConfig, load_config
+from tba.models.logprobs import token_logprobs
+from tba.objectives import grpo_loss, rloo_loss, sampler_mismatch, sequence_is_weights, truncated_is_weights
+from tba.trainer import Trainer
+from tba.types import Batch, Rollout
+from tba.weights import LocalWeightStore
+
+T = torch.tensor
+
+
+def test_token_weights_are_the_capped_ratio_on_the_mask_only():
+    old = T([[-1.0, -2.0, -3.0], [-0.2, -0.1, 0.0]])
+    sampler = T([[-1.5, -1.0, -9.0], [-1.0, -0.1, 0.0]])
+    mask = T([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    w = truncated_is_weights(old, sampler, mask, cap=2.0)
+    # exp(0.5) = 1.6487, exp(−1) = 0.3679, masked 0; exp(0.8) = 2.2255 → 2, exp(0) = 1
+    torch.testing.assert_close(w, T([[math.exp(0.5), math.exp(-1.0), 0.0], [2.0, 1.0, 0.0]]))
+    torch.testing.assert_close(
+        truncated_is_weights(old, sampler, mask, cap=1.5), T([[1.5, math.exp(-1.0), 0.0], [1.5, 1.0, 0.0]])
+    )
+
+
+def test_sequence_weights_cap_the_ratio_of_whole_sequences():
+    w = sequence_is_weights(T([-3.0, -1.0, -2.0]), T([-2.5, -3.0, -2.0]), cap=2.0)
+    torch.testing.assert_close(w, T([math.exp(-0.5), 2.0, 1.0]))
+
+
+def test_mismatch_metrics_by_hand():
+    old = T([[-1.0, -2.0], [-0.3, 0.0]])
+    sampler = T([[-1.5, -1.0], [-0.5, -7.0]])  # differences 0.5, −1.0 | 0.2, (masked)
+    mask = T([[1.0, 1.0], [1.0, 0.0]])
+    m = sampler_mismatch(old, sampler, mask, cap=1.5)
+    assert m["sampler_logp_diff"] == pytest.approx((0.5 + 1.0 + 0.2) / 3)
+    # sequence weights exp(−0.5), exp(0.2): (Σw)² / (2·Σw²) = 0.89835
+    assert m["sampler_ess"] == pytest.approx(0.8983527, abs=1e-6)
+    assert m["tis_truncated"] == pytest.approx(1 / 3)  # exp(0.5) > 1.5; exp(−1), exp(0.2) are not
+    agree = sampler_mismatch(old, old, mask)
+    assert agree == {"sampler_logp_diff": 0.0, "sampler_ess": pytest.approx(1.0)}
+
+
+def test_grpo_terms_are_weighted_per_token_by_hand():
+    # one prompt, two one-token completions, on the trainer's own log-probs (ratio 1)
+    tok = T([[-1.0], [-0.5]], requires_grad=True)
+    mask = T([[1.0], [1.0]])
+    w = T([[2.0], [0.5]])
+    loss, _ = grpo_loss(tok, tok.detach(), mask, T([1.0, 0.0]), 2, is_weight=w)
+    a = 0.5 / (1 / math.sqrt(2) + 1e-6)  # advantages ±1/√2
+    assert loss.item() == pytest.approx(-(2.0 * a - 0.5 * a) / 2, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(tok.grad, T([[-2.0 * a / 2], [0.5 * a / 2]]))
+
+
+def test_rloo_terms_are_weighted_per_sequence_by_hand():
+    logp = T([-1.0, -2.0, -3.0], requires_grad=True)
+    ref = T([-1.0, -2.0, -3.0])
+    w = T([2.0, 1.0, 0.25])
+    loss, _ = rloo_loss(logp, ref, T([3.0, 0.0, 0.0]), beta=0.1, group_size=3, is_weight=w)
+    # leave-one-out advantages (KL term 0: logp = ref): 3 − 0, 0 − 1.5, 0 − 1.5
+    # −mean(w·A·log π) = −(2·3·(−1) + 1·(−1.5)·(−2) + 0.25·(−1.5)·(−3)) / 3
+    assert loss.item() == pytest.approx(-(-6.0 + 3.0 + 1.125) / 3)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, T([-2.0 * 3.0 / 3, 1.5 / 3, 0.25 * 1.5 / 3]))
+
+
+def test_tis_cap_is_for_ratio_objectives_and_turns_on_sampler_logps_for_rloo():
+    with pytest.raises(ConfigError, match="tis_cap.*tb uses no sampler log-probs"):
+        load_config(None, ["--objective.tis_cap=2"])
+    with pytest.raises(ConfigError, match="tis_cap"):
+        load_config(None, ["--objective.type=grpo", "--objective.tis_cap=0.5"])
+    assert ObjectiveConfig(type="rloo", tis_cap=2.0).needs_sampler_logps
+    assert not ObjectiveConfig(type="rloo").needs_sampler_logps
+
+
+def batch_and_trainer(tokenizer, objective: ObjectiveConfig, shift: float):
+    """A trainer on a tiny model and a batch of 2 groups x 4 whose sampler log-probs are the
+    trainer's own (exact, teacher forcing) plus ``shift`` per token."""
+    from tests.conftest import SMALL
+
+    from tba.models.tiny import build_tiny_llama
+
+    torch.manual_seed(0)
+    policy = build_tiny_llama(tokenizer, SMALL).train()
+    eos = tokenizer.eos_token_id
+    prompts = [tokenizer("1+2=")["input_ids"], tokenizer("4+4=")["input_ids"]]
+    completions = [[tokenizer.convert_tokens_to_ids(c) for c in s] + [eos] for s in ("3", "12", "8", "7", "5", "44")]
+    completions = [completions[i % 6] for i in range(8)]
+    flat_prompts = [prompts[i // 4] for i in range(8)]
+    with torch.no_grad():
+        token_logp, mask = token_logprobs(policy, flat_prompts, completions, tokenizer.pad_token_id, {eos})
+    rollouts = [
+        Rollout(
+            prompt_id=str(i // 4),
+            completion=tuple(c),
+            reward=float(i % 3 == 0),
+            ref_logp=-3.0,
+            policy_version=0,
+            arrival_step=0,
+            sampler_token_logps=tuple((token_logp[i, : len(c)] + shift).tolist()),
+        )
+        for i, c in enumerate(completions)
+    ]
+    batch = Batch(prompts, rollouts, 4)
+    cfg = TrainerConfig(batch_prompts=2, lr=1e-3, warmup_steps=0, sync_interval=1)
+    trainer = Trainer(policy, ReplayBuffer(capacity=100), LocalWeightStore(), cfg, objective, 4, 0, {eos}, 4)
+    return trainer, batch
+
+
+def gradient(trainer: Trainer, batch: Batch) -> tuple[torch.Tensor, dict]:
+    trainer.model.zero_grad(set_to_none=True)
+    metrics = trainer._accumulate_gradients(batch, beta=0.1)
+    grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    return grad, metrics
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "ppo", "rloo"])
+def test_the_trainer_weights_each_term_by_the_capped_sampler_ratio(tokenizer, kind):
+    """Sampler log-probs log 4 below the trainer's: every token weight is min(4, 2) = 2 (and every
+    sequence weight, for RLOO), so the step's gradient is exactly twice the on-policy one."""
+    objective = ObjectiveConfig(type=kind, tis_cap=2.0, beta=0.1)
+    trainer, on_policy = batch_and_trainer(tokenizer, objective, shift=0.0)
+    g1, m1 = gradient(trainer, on_policy)
+    _, shifted = batch_and_trainer(tokenizer, objective, shift=-math.log(4))
+    g2, m2 = gradient(trainer, shifted)
+    assert g1.abs().max() > 0
+    torch.testing.assert_close(g2, 2 * g1, rtol=1e-4, atol=1e-7)
+    assert m1["train/sampler_logp_diff"] == pytest.approx(0.0, abs=1e-6) and m1["train/tis_truncated"] == 0
+    assert m2["train/sampler_logp_diff"] == pytest.approx(math.log(4), abs=1e-5)
+    assert m2["train/tis_truncated"] == pytest.approx(1.0)
+    # all sequences are not equally weighted: their lengths differ, so Π_t 4 differs too
+    assert 0 < m2["train/sampler_ess"] < 1 and m1["train/sampler_ess"] == pytest.approx(1.0)
+
+
+def test_without_the_cap_the_ratio_is_to_the_sampler_and_the_mismatch_is_still_logged(tokenizer):
+    objective = ObjectiveConfig(type="grpo", beta=0.1)
+    trainer, shifted = batch_and_trainer(tokenizer, objective, shift=-0.1)
+    _, m = gradient(trainer, shifted)
+    assert m["train/ratio_mean"] == pytest.approx(math.exp(0.1), rel=1e-4)  # π_θ/π_sampler, as today
+    assert m["train/sampler_logp_diff"] == pytest.approx(0.1, abs=1e-5) and "train/tis_truncated" not in m
