@@ -30,8 +30,8 @@ runtime's process), behind the same two methods as the HF backend.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
+import warnings
 
 import torch
 
@@ -65,22 +65,18 @@ def check_vllm_backend(model_config, device: torch.device, what: str = "model.po
 
 
 def import_vllm():
-    """The ``vllm`` module, imported in-process mode and with warnings and errors only on the
-    console (``VLLM_LOGGING_LEVEL`` overrides); a clear error when it is not installed."""
+    """The ``vllm`` module, imported in in-process mode and with errors only on the console
+    (``VLLM_LOGGING_LEVEL`` overrides); a clear error when it is not installed."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's warnings are about its own choices (eager mode, no Triton on a CPU, a thread count it
+    # may not change, rotary embeddings that get no weights on each reload): noise in a training run
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # torch APIs vLLM still calls
     try:
         import vllm
     except ImportError as err:
         raise MissingDependency(INSTALL_HINT) from err
-    for handler in logging.getLogger("vllm").handlers:
-        handler.addFilter(_drop_rotary_reload_warning)
     return vllm
-
-
-def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
-    # Every in-place reload warns that rotary embeddings got no weights: they have none to get.
-    return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
 class VLLMGenerator:

@@ -377,6 +377,7 @@ def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print, gpu_s
         # the trainer's state files, which vLLM would take for weight shards.
         sampler = policy if m.lora is not None else None
         generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, gpu_share=gpu_share)
+        log(f"generation: a vLLM engine on {model_paths(cfg)[0]}")
         if checkpoint is not None:
             generator.load_weights(published_state(policy), version=-1)
     return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, policy, log), generator)
