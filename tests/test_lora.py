@@ -126,6 +126,7 @@ def test_ray_runtime_trains_an_adapter_with_base_model_reference(tmp_path, demo_
         "--trainer.steps=16",
         "--eval.every=16",
         "--trainer.sync_interval=2",
+        "--runtime.max_lag=2",  # the trainer cannot finish unless searchers load its adapters
     )
     run_dir, summary = run_ray(cfg)
     assert summary["trainer_steps"] == 16

@@ -17,6 +17,7 @@ import torch
 from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
+from tba.errors import ModelLoadError
 from tba.metrics import read_metrics
 from tba.runtime.distributed import run_ray
 
@@ -31,6 +32,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
             *SMALL,
             f"--trainer.steps={steps}",
             f"--trainer.sync_interval={k}",
+            f"--runtime.max_lag={k}",
             "--eval.every=40",
             f"--model.cache_dir={demo_cache}",
             f"--run.output_dir={tmp_path}",
@@ -44,15 +46,11 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
 
     rollouts = stored_rollouts(run_dir, steps)
     assert rollouts
-    arrivals = sorted({r.arrival_step for r in rollouts})
-    gap = max((b - a for a, b in zip(arrivals, arrivals[1:], strict=False)), default=0)
     for r in rollouts:
         version, arrival = r.policy_version, r.arrival_step
         assert version % k == 0, "searchers only ever hold published versions"
         assert version <= arrival <= steps
-        # a batch starts from the newest publication (at most k-1 steps old) and arrives within
-        # one searcher batch time, measured here as the widest gap between arrivals
-        assert arrival - version <= (k - 1) + gap + 1, (arrival, version, gap)
+        assert arrival - version <= k, (arrival, version)  # runtime.max_lag, whatever the machine's load
     assert max(r.policy_version for r in rollouts) > 0  # searchers did pick up new weights
 
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -70,6 +68,9 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     ):
         assert all(r.get(key) is not None for r in train[5:]), key
     assert any("train/publish_s" in r for r in train)
+    # the lag bound made the trainer wait for searchers to take new weights: the step to version 40
+    # was taken once they had generated with version 36
+    assert train[-1]["searcher/version_min"] >= steps - k
     assert all(r["train/lag_max"] >= r["train/lag_mean"] >= 0 for r in train)
 
 
@@ -137,7 +138,7 @@ def marked_env() -> tuple[dict[str, str], str]:
 
 
 @NEEDS_PROC
-def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
+def test_a_searcher_that_cannot_load_its_model_ends_the_run_in_one_line(tmp_path, demo_cache):
     # a reference whose config passes the driver's checks but whose weights only a searcher loads
     broken = tmp_path / "broken-reference"
     shutil.copytree(next(demo_cache.glob("tiny-arithmetic-*")), broken)
@@ -162,15 +163,27 @@ def test_failing_searcher_ends_the_run_with_its_traceback(tmp_path, demo_cache):
         env=env,
         timeout=300,
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "a searcher failed" in proc.stderr
-    # the searcher's own traceback: its frames and the error it raised
-    assert "SearcherWorker.__init__" in proc.stderr and 'distributed.py", line' in proc.stderr
-    assert str(broken) in proc.stderr
-    records = read_metrics(tmp_path / "f" / "metrics.jsonl")  # the initial evaluation is kept
-    assert records and records[0]["step"] == 0 and "eval/accuracy" in records[0]
-    assert (tmp_path / "f" / "config.yaml").is_file()
+    assert proc.returncode == 2, proc.stderr[-3000:]  # bad input, as if the driver had found it
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("tba: ")]
+    assert line.startswith("tba: searcher 0 could not start: cannot load model") and str(broken) in line
+    assert "Traceback" not in proc.stderr.split(line)[-1]
+    assert not (tmp_path / "f").exists()  # nothing but the starting weights' evaluation was written
     assert not ray_processes(mark), ray_processes(mark, wait_s=0)
+
+
+def test_any_other_failure_of_a_searcher_at_start_ends_the_run_with_its_traceback():
+    from ray.exceptions import RayActorError
+
+    from tba.runtime.errors import SearcherFailed
+    from tba.runtime.restarts import SearcherPool
+
+    pool = SearcherPool([], max_restarts=3, window_s=600, log=print)
+    text = 'Traceback (most recent call last):\n  File "distributed.py", line 9\nZeroDivisionError: division by zero'
+    with pytest.raises(SearcherFailed, match=r"(?s)searcher 0, while starting.*ZeroDivisionError: division by zero"):
+        pool._died(0, RayActorError(error_msg=text, actor_init_failed=True))
+    user = "Traceback ...\ntba.errors.ModelLoadError: cannot load model /m: bad header; check the folder"
+    with pytest.raises(ModelLoadError, match=r"^searcher 0 could not start: cannot load model /m: bad header"):
+        pool._died(0, RayActorError(error_msg=user, actor_init_failed=True))
 
 
 # Ctrl-C, and what a scheduler (Slurm, Kubernetes) sends; status 128 + the signal's number

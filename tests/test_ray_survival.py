@@ -70,10 +70,12 @@ def searcher_pids(sid: int) -> set[int]:
 
 
 def test_killed_searcher_restarts_and_the_run_completes(tmp_path, demo_cache):
-    # Long enough to outlast the restart (a new process imports torch and loads its models: about
-    # 20 s on 2 quiet cores; 150 steps took about as long, so on a busy machine the run could end first).
-    steps = 400
-    proc = start_run(tmp_path, demo_cache, "s", f"--trainer.steps={steps}", f"--eval.every={steps}")
+    # The replay bound (trainer.max_replay_ratio=1) keeps the trainer from finishing on what the
+    # searcher delivered before it died, however fast the machine: the run must outlast the restart.
+    steps = 150
+    proc = start_run(
+        tmp_path, demo_cache, "s", f"--trainer.steps={steps}", f"--eval.every={steps}", "--trainer.max_replay_ratio=1"
+    )
     try:
         wait_for_steps(proc, tmp_path / "s" / "metrics.jsonl", 2)
         (victim,) = searcher_pids(proc.pid)
@@ -101,7 +103,9 @@ def test_killed_searcher_restarts_and_the_run_completes(tmp_path, demo_cache):
         f"\nsearcher restart: longest trainer pause {longest:.3f} s (widest gap between logged steps "
         f"{max(gaps):.3f} s over {len(gaps)} steps); {back[0].strip() if back else 'not back before the end'}"
     )
-    assert longest < 5.0, "the trainer must not wait for a restarting searcher"
+    # the trainer waited for data while its only searcher restarted: counted as waiting, not as a pause
+    assert longest < 5.0, "a pause of the trainer beyond its wait for data"
+    assert train[-1]["trainer/wait_total_s"] > 0
 
 
 def test_sigkill_of_tba_train_leaves_no_ray_process_and_a_new_run_starts(tmp_path, demo_cache):

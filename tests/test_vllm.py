@@ -188,6 +188,7 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     from tba.metrics import read_metrics
 
     extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3"] if lora else []
+    extra += ["--runtime.max_lag=2"] if runtime == "ray" else []  # searchers must take new weights to keep up
     proc, run_dir = train(
         tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
     )

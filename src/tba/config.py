@@ -504,6 +504,12 @@ class TrainerConfig(_Section):
     """Clip the global gradient norm to this; None disables clipping."""
     sync_interval: int = Field(1, ge=1)
     """k: publish weights to searchers every k steps."""
+    max_replay_ratio: float | None = Field(1.0, gt=0)
+    """``ray`` runtime: at most this many trained samples per sample the searchers delivered, over
+    the last ``replay_window`` steps; a step that would exceed it waits for new groups (counted in
+    ``trainer/wait_s``). None: the trainer never waits once the buffer can fill a batch."""
+    replay_window: int = Field(16, ge=1)
+    """Steps over which ``max_replay_ratio`` holds (the run's start counts the initial fill)."""
     checkpoint_every: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (always at the end)."""
     keep_checkpoints: int | None = Field(3, ge=1)
@@ -572,6 +578,17 @@ class RuntimeConfig(_Section):
     restart_window_s: float = Field(600.0, gt=0)
     """The window for ``max_searcher_restarts``, in seconds; also how long a dead searcher may take
     to come back."""
+    max_lag: int | Literal["auto"] | None = "auto"
+    """``ray`` runtime: the trainer takes no step that would put it more than this many versions
+    ahead of the oldest weights a live searcher generated its latest batch with, so every batch is
+    first trained at most ``max_lag`` steps stale (``buffer/arrival_lag_max``; a restarting searcher
+    is left out until it delivers again). At least ``trainer.sync_interval``. ``auto``: 4 ×
+    ``trainer.sync_interval``. None: no bound."""
+
+    def lag_bound(self, sync_interval: int) -> int | None:
+        """``max_lag`` in versions, ``auto`` resolved."""
+        return 4 * sync_interval if self.max_lag == "auto" else self.max_lag
+
     extra_lag: int = Field(0, ge=0)
     """D > 0 (``runtime.type=sync``): the searcher samples with the weights published D steps
     before the newest (the newest publication at least D steps old), so that data is exactly that
@@ -674,6 +691,14 @@ class Config(_Section):
             raise ValueError(
                 "run.resume with runtime.extra_lag: the delayed weights the searcher would load next are not "
                 "in the checkpoint; start the run afresh"
+            )
+        k = self.trainer.sync_interval
+        lag = self.runtime.lag_bound(k)
+        if lag is not None and lag < k:
+            raise ValueError(
+                f"runtime.max_lag={lag} is below trainer.sync_interval={k}: searchers only get weights every {k} "
+                f"steps, so the trainer would wait for weights it has not published; raise max_lag to at least {k} "
+                "or lower sync_interval"
             )
         share = self.runtime.searcher_gpus
         fraction = self.generation.vllm.gpu_memory_utilization

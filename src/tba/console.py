@@ -5,12 +5,15 @@
 - on a terminal, a live view: a progress bar and a status line that follow every step;
 - elsewhere (CI, nohup, a log file), one plain line on stderr every ``logging.line_every_s``
   seconds and one at each evaluation, such as ``step 120/600 (20%)  reward 0.41  eval 38.3%
-  lag 1.2 (fresh 0.8)  12.5 compl/s  eta 3m10s  searchers v119,v118  restarts 0``;
+  lag 1.2 (fresh 0.8)  replay 0.9  waited 4s  12.5 compl/s  eta 3m10s  searchers v119,v118
+  restarts 0``;
 - with ``logging.quiet`` or ``logging.progress=false``, nothing.
 
 The figures: ``reward`` is the mean reward of freshly sampled completions
 (``searcher/reward_mean``), not of the replayed training batch; ``eval`` is the task's evaluation
-metric; ``lag`` is ``train/lag_mean`` and ``fresh`` is ``train/lag_fresh``; completions per
+metric; ``lag`` is ``train/lag_mean`` and ``fresh`` is ``train/lag_fresh``; ``replay`` is
+``train/replay_ratio`` and ``waited`` the trainer's time waiting for data so far
+(``trainer/wait_total_s``, shown once it is above zero); completions per
 second and the ETA are measured from the moment the display opens, evaluation pauses included
 (they take wall-clock time too); ``searchers`` lists the weight version each searcher holds
 (``restarting`` for one whose process died and is coming back). Time comes from an injectable
@@ -114,6 +117,10 @@ class RunDisplay:
         if "train/lag_mean" in m:
             fresh = f" (fresh {m['train/lag_fresh']:.1f})" if "train/lag_fresh" in m else ""
             out.append(f"lag {m['train/lag_mean']:.1f}{fresh}")
+        if "train/replay_ratio" in m and math.isfinite(m["train/replay_ratio"]):
+            out.append(f"replay {m['train/replay_ratio']:.1f}")
+        if m.get("trainer/wait_total_s", 0) > 0:
+            out.append(f"waited {format_duration(m['trainer/wait_total_s'])}")
         rate = self.completions_per_s()
         if rate is not None:
             out.append(f"{rate:.1f} compl/s")

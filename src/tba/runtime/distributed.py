@@ -47,6 +47,7 @@ from tba.models.loading import resolve_device
 from tba.models.precision import PeakMemory
 from tba.plots import plot_run
 from tba.runtime import watchdog as watchdog_module
+from tba.runtime.bounds import StepGate
 from tba.runtime.common import (
     eval_key,
     evaluate_policy,
@@ -338,9 +339,10 @@ def _event(run_dir: Path, log, message: str) -> None:
     log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
 
 
-def _drain(c: Components, inbox, run_dir: Path) -> dict[int, dict]:
+def _drain(c: Components, inbox, run_dir: Path, gate: StepGate) -> dict[int, dict]:
     groups, stats, errors = ray.get(inbox.drain.remote())
     c.trainer.ingest(groups)
+    gate.add_arrivals(sum(g.size for g in groups))
     log_errors(run_dir, errors)
     return stats
 
@@ -372,6 +374,11 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
     return out
 
 
+def _live_versions(stats: dict[int, dict], pool: SearcherPool) -> list[int]:
+    """The weight versions of the latest batches of the searchers that are not restarting."""
+    return [int(s["searcher/version"]) for i, s in stats.items() if i not in pool.waiting]
+
+
 def _searcher_versions(stats: dict[int, dict], pool: SearcherPool) -> list[int | None]:
     """The weight version each searcher holds, by its latest report; None while it restarts."""
     return [None if i in pool.waiting else int(stats[i]["searcher/version"]) for i in sorted({*stats, *pool.waiting})]
@@ -399,28 +406,44 @@ def _train(
     background: BackgroundEvaluation | None = None,
 ) -> dict:
     trainer, batch = c.trainer, cfg.trainer.batch_prompts
+    t = cfg.trainer
+    lag = cfg.runtime.lag_bound(t.sync_interval)
+    gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, t.replay_window, lag)
     min_groups = cfg.buffer.min_groups or batch
-    while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(batch):  # the only wait
+    last_stats: dict[int, dict] = {}
+    while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(batch):  # the initial fill
         pool.check()
-        _drain(c, inbox, run_dir)
+        last_stats = _drain(c, inbox, run_dir, gate) or last_stats
         time.sleep(0.05)
-    loop_start, busy_s, paused_s, samples, last_stats = time.perf_counter(), 0.0, 0.0, 0, {}
+    loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
-            last_stats = _drain(c, inbox, run_dir) or last_stats
+            last_stats = _drain(c, inbox, run_dir, gate) or last_stats
             pool.check()
+            wait_start = time.perf_counter()
+            while gate.blocked(trainer.version, _live_versions(last_stats, pool)):  # the bounds: wait for data
+                time.sleep(0.02)
+                pool.check()
+                last_stats = _drain(c, inbox, run_dir, gate) or last_stats
             t0 = time.perf_counter()
-            longest_pause_s = max(longest_pause_s, t0 - step_end)
+            wait_s = t0 - wait_start
+            wait_total_s += wait_s
+            longest_pause_s = max(longest_pause_s, t0 - step_end - wait_s)
+            replay_ratio = gate.replay_ratio()
             record = trainer.step()
+            gate.stepped()
             busy_s += time.perf_counter() - t0
             samples += batch * cfg.generation.group_size
             step = trainer.version
             active_s = time.perf_counter() - loop_start - paused_s
             record.update(_searcher_metrics(last_stats))
+            record["train/replay_ratio"] = replay_ratio
+            record["trainer/wait_s"] = wait_s
+            record["trainer/wait_total_s"] = wait_total_s
             record["trainer/busy_fraction"] = busy_s / max(active_s, 1e-9)
             record["trainer/samples_per_s"] = samples / max(active_s, 1e-9)
             record["trainer/longest_pause_s"] = longest_pause_s
@@ -452,4 +475,6 @@ def _train(
         "searcher_nodes": nodes,
         "searcher_restarts": pool.restarts,
         "trainer_longest_pause_s": round(longest_pause_s, 3),
+        "trainer_wait_s": round(wait_total_s, 3),
+        "replay_ratio": round(gate.trained / max(gate.arrived, 1), 4),  # over the whole run
     }

@@ -1,0 +1,119 @@
+"""The demo on a quiet machine and beside a CPU hog, with the replay and staleness bounds off and on.
+
+    .venv/bin/python benchmarks/bench_load.py                       # 2 seeds x quiet/loaded x off/on
+    .venv/bin/python benchmarks/bench_load.py --seeds 0 --steps 300
+
+Each run is the real CLI (``tba train``, the demo's defaults on the ray runtime) with only the seed,
+the bounds and the machine's load changed. "loaded": a busy-loop process (one core) runs beside the
+whole run; the script starts it before the run and stops it after. "off" is
+``--trainer.max_replay_ratio=null --runtime.max_lag=null`` (the trainer never waits: the behaviour
+before the bounds); "on" is the defaults. Printed per run: final greedy accuracy, wall-clock,
+replay ratio over the run (trained samples per delivered sample), mean lag of trained data, the
+largest lag of data on arrival, and the trainer's total wait. Results go to ``--out``/results.json,
+one entry per run as it finishes; a rerun skips the runs already there (``--fresh`` starts over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
+
+
+def hog() -> subprocess.Popen:
+    """A process that keeps one core busy until it is stopped."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int | None) -> dict:
+    args = [sys.executable, "-m", "tba", "train", "--runtime.type=ray", f"--run.seed={seed}"]
+    args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false"]
+    args += ([] if bounds else OFF) + ([f"--trainer.steps={steps}"] if steps else [])
+    busy = hog() if loaded else None
+    start = time.time()
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    if proc.returncode != 0:
+        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    wall = time.time() - start
+    summary = json.loads((out / name / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("train/loss") is not None]
+    return {
+        "name": name,
+        "seed": seed,
+        "loaded": loaded,
+        "bounds": bounds,
+        "wall_s": round(wall, 1),
+        "accuracy_initial": summary["eval/accuracy_initial"],
+        "accuracy_final": summary["eval/accuracy_final"],
+        "replay_ratio": summary["replay_ratio"],
+        "lag_mean": summary["lag_mean"],
+        "arrival_lag_max": max(r["buffer/arrival_lag_max"] for r in train),
+        "wait_s": summary["trainer_wait_s"],
+        "completions": train[-1]["searcher/completions"],
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| machine | bounds | seed | accuracy | wall s | replay ratio | lag mean | arrival lag max | wait s "
+        "| completions |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {'loaded' if r['loaded'] else 'quiet'} | {'on' if r['bounds'] else 'off'} | {r['seed']} | "
+            f"{r['accuracy_initial']:.1%} -> {r['accuracy_final']:.1%} | {r['wall_s']:.0f} | {r['replay_ratio']:.2f} | "
+            f"{r['lag_mean']:.1f} | {r['arrival_lag_max']:.0f} | {r['wait_s']:.0f} | {r['completions']:,.0f} |"
+        )
+    lines += ["", "| machine | bounds | accuracy (mean of seeds) | wall s | replay ratio |", "|---|---|---:|---:|---:|"]
+    for loaded in (False, True):
+        for bounds in (False, True):
+            group = [r for r in rows if r["loaded"] == loaded and r["bounds"] == bounds]
+            if group:
+                acc = statistics.mean(r["accuracy_final"] for r in group)
+                wall = statistics.mean(r["wall_s"] for r in group)
+                replay = statistics.mean(r["replay_ratio"] for r in group)
+                machine, on = "loaded" if loaded else "quiet", "on" if bounds else "off"
+                lines.append(f"| {machine} | {on} | {acc:.1%} | {wall:.0f} | {replay:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--steps", type=int, default=None, help="trainer steps (default: the demo's)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/load"))
+    p.add_argument("--fresh", action="store_true", help="forget earlier results in --out")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    results_path = a.out / "results.json"
+    done = [] if a.fresh or not results_path.is_file() else json.loads(results_path.read_text())["runs"]
+    for seed in a.seeds:
+        for loaded in (False, True):
+            for bounds in (False, True):
+                name = f"{'loaded' if loaded else 'quiet'}-{'on' if bounds else 'off'}-s{seed}"
+                if any(r["name"] == name for r in done):
+                    continue
+                shutil.rmtree(a.out / name, ignore_errors=True)  # an unfinished earlier attempt
+                row = run(a.out, name, seed, loaded, bounds, a.steps)
+                done.append(row)
+                results_path.write_text(json.dumps({"command": " ".join(sys.argv), "runs": done}, indent=2) + "\n")
+                print(f"{name}: {row['accuracy_final']:.1%} in {row['wall_s']:.0f} s, replay {row['replay_ratio']:.2f}")
+    print(table(done))
+
+
+if __name__ == "__main__":
+    main()

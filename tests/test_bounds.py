@@ -1,0 +1,114 @@
+"""Bounds on replay and staleness (``trainer.max_replay_ratio``, ``runtime.max_lag``): the gate's
+arithmetic, and the ray runtime with a searcher slowed on purpose, bounds on and off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.conftest import SMALL_DEMO_ARGS
+
+from tba.config import ConfigError, load_config
+from tba.metrics import read_metrics
+from tba.runtime.bounds import StepGate
+
+
+def test_the_replay_bound_counts_the_window_and_the_initial_fill():
+    gate = StepGate(batch_samples=10, max_replay_ratio=2.0, window=3, max_lag=None)
+    assert gate.blocked(0, []) == "replay"  # nothing has arrived
+    gate.add_arrivals(5)
+    assert gate.replay_ratio() == 2.0 and gate.blocked(0, []) is None  # 10 trained per 5 arrived
+    gate.stepped()  # step 1 trained; step 2's window: steps 1-2, arrivals since the start
+    assert gate.replay_ratio() == 4.0 and gate.blocked(1, []) == "replay"
+    gate.add_arrivals(5)
+    assert gate.blocked(1, []) is None
+    gate.stepped()
+    gate.add_arrivals(5)
+    assert gate.replay_ratio() == 2.0 and gate.blocked(2, []) is None  # 30 trained per 15
+    gate.stepped()  # the window is full: steps 2-4, arrivals since step 2 began (at 5)
+    assert gate.bases[0] == 5 and gate.replay_ratio() == 3.0 and gate.blocked(3, []) == "replay"
+    gate.add_arrivals(5)
+    assert gate.replay_ratio() == 2.0 and gate.blocked(3, []) is None
+    assert gate.trained == 30 and gate.arrived == 20
+
+
+def test_the_lag_bound_is_on_the_version_a_step_would_make():
+    gate = StepGate(batch_samples=10, max_replay_ratio=None, window=3, max_lag=2)
+    assert gate.blocked(3, [2, 3]) is None  # to version 4: 4 - 2 (the oldest) = 2
+    assert gate.blocked(4, [2, 3]) == "lag"  # to version 5: 3 versions ahead of the oldest
+    assert gate.blocked(4, [3, 4]) is None
+    assert gate.blocked(9, []) is None  # no live searcher: nothing to wait for (the replay bound holds then)
+
+
+def test_both_bounds_off_never_wait():
+    gate = StepGate(batch_samples=10, max_replay_ratio=None, window=3, max_lag=None)
+    for version in range(50):
+        assert gate.blocked(version, [0]) is None
+        gate.stepped()
+
+
+def test_max_lag_below_the_sync_interval_is_refused_and_auto_follows_it():
+    with pytest.raises(ConfigError, match=r"runtime.max_lag=2 is below trainer.sync_interval=3"):
+        load_config(None, ["--runtime.max_lag=2", "--trainer.sync_interval=3"])
+    cfg = load_config(None, ["--trainer.sync_interval=3"])
+    assert cfg.runtime.max_lag == "auto" and cfg.runtime.lag_bound(3) == 12
+    assert load_config(None, ["--runtime.max_lag=null"]).runtime.lag_bound(1) is None
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_task" / "problems.jsonl"
+SLOW_REWARD = """
+import time
+
+def slow_exact(prompts, completions, completion_ids, answer, **kwargs):
+    time.sleep(1.0)  # a searcher slowed on purpose: each batch takes at least this long
+    return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+"""
+
+
+def slow_run(tmp_path, demo_cache, name: str, *extra: str):
+    from tba.runtime.distributed import run_ray
+
+    (tmp_path / "slow.py").write_text(SLOW_REWARD)
+    (policy,) = [p for p in demo_cache.iterdir() if p.name.startswith("tiny-arithmetic")]
+    args = [
+        *SMALL_DEMO_ARGS,
+        "--runtime.type=ray",
+        "--logging.progress=false",
+        f"--model.policy={policy}",
+        "--task.name=dataset",
+        f"--task.path={EXAMPLE}",
+        f"--task.reward_funcs=[{tmp_path / 'slow.py'}:slow_exact]",
+        "--task.answer_column=answer",
+        "--task.eval_size=8",
+        "--trainer.steps=12",
+        "--eval.every=12",
+        f"--run.output_dir={tmp_path}",
+        f"--run.name={name}",
+        *extra,
+    ]
+    args = [a for a in args if not a.startswith(("--task.digits", "--task.operators"))]
+    run_dir, summary = run_ray(load_config(None, args))
+    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
+    assert [r["step"] for r in train] == list(range(1, 13))
+    return summary, train
+
+
+def test_a_slow_searcher_holds_the_trainer_within_both_bounds(tmp_path, demo_cache):
+    summary, train = slow_run(tmp_path, demo_cache, "bounded", "--trainer.max_replay_ratio=1.0", "--runtime.max_lag=1")
+    assert all(r["train/replay_ratio"] <= 1.0 for r in train)
+    assert all(r["buffer/arrival_lag_max"] <= 1 for r in train)  # every batch arrived at most 1 step stale
+    # over the run: 12 steps x 64 samples trained, at most once each on average
+    assert summary["replay_ratio"] <= 1.0 and train[-1]["searcher/completions"] >= 12 * 64
+    # the waiting is accounted for: per step, summed, and in the summary; with one searcher batch of
+    # 64 samples (at least 1 s each) per step, the trainer waited through most of them
+    assert sum(r["trainer/wait_s"] for r in train) == pytest.approx(train[-1]["trainer/wait_total_s"], rel=1e-6)
+    assert summary["trainer_wait_s"] == pytest.approx(train[-1]["trainer/wait_total_s"], abs=1e-3)
+    assert train[-1]["trainer/wait_total_s"] > 0.3 * 11 * 1.0
+
+
+def test_with_both_bounds_off_a_slow_searcher_is_overtrained_as_before(tmp_path, demo_cache):
+    summary, train = slow_run(
+        tmp_path, demo_cache, "unbounded", "--trainer.max_replay_ratio=null", "--runtime.max_lag=null"
+    )
+    assert train[-1]["trainer/wait_total_s"] < 0.1 * summary["wall_clock_s"]  # it never waits
+    assert summary["replay_ratio"] > 1.0  # 12 batches trained from fewer delivered
