@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from tba.metrics import read_metrics
+
 OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
 
 
@@ -48,8 +50,7 @@ def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int 
         sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
     wall = time.time() - start
     summary = json.loads((out / name / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r.get("train/loss") is not None]
+    train = [r for r in read_metrics(out / name / "metrics.jsonl") if r.get("train/loss") is not None]
     return {
         "name": name,
         "seed": seed,

@@ -38,14 +38,17 @@ def head32_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def measured(head32_checkpoint) -> dict:
+def run_checks(*args: str) -> dict:
+    """``tests/vllm_checks.py`` with ``args`` in its own process: the JSON object it prints last."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [sys.executable, str(CHECKS), str(head32_checkpoint)], capture_output=True, text=True, env=env, timeout=300
-    )
+    proc = subprocess.run([sys.executable, str(CHECKS), *args], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def measured(head32_checkpoint) -> dict:
+    return run_checks(str(head32_checkpoint))
 
 
 @needs_vllm
@@ -53,12 +56,7 @@ def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(tmp_path):
     from tests.tiny_bpe import build_bpe_chat_model
 
     path = build_bpe_chat_model(tmp_path / "chat", shape={"hidden_size": 64})  # 2 heads of 32
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [sys.executable, str(CHECKS), "--chat", str(path)], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_checks("--chat", str(path))
     assert result == {
         "end_of_turn_is_an_end_id": True,
         "greedy_equal": True,
@@ -111,16 +109,7 @@ def test_vllm_loads_published_weights_in_place(measured):
 
 @needs_vllm
 def test_vllm_runs_a_trained_lora_adapter_merged_like_hf_greedy_of_the_adapted_policy(head32_checkpoint):
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [sys.executable, str(CHECKS), "--lora", str(head32_checkpoint)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    measured = run_checks("--lora", str(head32_checkpoint))
     assert measured == {
         "published_adapter_only": True,
         "lora_equal": True,

@@ -436,10 +436,8 @@ class ObjectiveConfig(_Section):
     @property
     def needs_sampler_logps(self) -> bool:
         """Whether searchers must record the sampling policy's per-token log-probs."""
-        return (
-            self.type in ("grpo", "dr_grpo", "ppo")
-            or (self.type == "rloo" and self.rloo_proximal)
-            or (self.type == "rloo" and self.tis_cap is not None)
+        return self.type in ("grpo", "dr_grpo", "ppo") or (
+            self.type == "rloo" and (self.rloo_proximal or self.tis_cap is not None)
         )
 
 

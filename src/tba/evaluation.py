@@ -141,9 +141,10 @@ class Evaluator:
         self.tokenizer = tokenizer
         self.policy = policy
         self.eos_ids = eos_ids
-        self._own_generator = generator is not None
-        self.policy_generator = HFGenerator(policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size)
-        self.generator = generator or self.policy_generator
+        self.generator = generator or HFGenerator(
+            policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size
+        )
+        self.separate_copy = generator is not None  # the generator holds its own copy of the policy
         self._reference = reference
         self._task_ready = False
 
@@ -167,7 +168,7 @@ class Evaluator:
         from tba.models.lora import load_published_state
 
         load_published_state(self.policy, state)
-        if self._own_generator:
+        if self.separate_copy:
             self.generator.load_weights(state, version=-1)
 
 

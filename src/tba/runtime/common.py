@@ -64,7 +64,7 @@ def evaluate_policy(
     ``<run>/samples.jsonl`` and, given ``metrics``, to its TensorBoard and W&B; return the ``eval/*``
     metrics."""
     evaluator = policy_evaluator(c, cfg)
-    if evaluator.generator is not evaluator.policy_generator:  # the searcher's vLLM engine, lent for this
+    if evaluator.separate_copy:  # the searcher's vLLM engine, lent for this
         evaluator.generator.load_weights(c.trainer.published_state(), version=c.trainer.version)
         try:
             result = evaluator()

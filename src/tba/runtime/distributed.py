@@ -374,11 +374,6 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
     return out
 
 
-def _live_versions(stats: dict[int, dict], pool: SearcherPool) -> list[int]:
-    """The weight versions of the latest batches of the searchers that are not restarting."""
-    return [int(s["searcher/version"]) for i, s in stats.items() if i not in pool.waiting]
-
-
 def _searcher_versions(stats: dict[int, dict], pool: SearcherPool) -> list[int | None]:
     """The weight version each searcher holds, by its latest report; None while it restarts."""
     return [None if i in pool.waiting else int(stats[i]["searcher/version"]) for i in sorted({*stats, *pool.waiting})]
@@ -425,7 +420,8 @@ def _train(
             last_stats = _drain(c, inbox, run_dir, gate) or last_stats
             pool.check()
             wait_start = time.perf_counter()
-            while gate.blocked(trainer.version, _live_versions(last_stats, pool)):  # the bounds: wait for data
+            # the bounds: wait for data; a restarting searcher (None) does not count
+            while gate.blocked(trainer.version, [v for v in _searcher_versions(last_stats, pool) if v is not None]):
                 time.sleep(0.02)
                 pool.check()
                 last_stats = _drain(c, inbox, run_dir, gate) or last_stats
