@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             allocator.reexec_under_jemalloc(argv)  # returns only where it does not apply
         except ValueError as err:
             return report(UserError(str(err)), debug)
-    from tba.runtime.errors import SearcherFailed
+    from tba.runtime.errors import RunFailed
 
     if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid
         from tba.runtime.distributed import run_ray as run
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         run_or_clean_up(run, cfg)
     except UserError as err:
         return report(err, debug)
-    except SearcherFailed as err:
+    except RunFailed as err:
         print(f"tba: {err}", file=sys.stderr)
         print("tba: what was written to the run directory is kept", file=sys.stderr)
         return 1

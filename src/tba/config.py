@@ -480,6 +480,11 @@ class TrainerConfig(_Section):
     weights and optimizer state with no master copy, so updates below ~1/256 of a weight are lost
     (warned at start). ``auto``: bf16-mixed on GPUs with bfloat16, else fp32. Searchers, the reference
     and evaluation keep ``model.dtype``; published weights are cast to it."""
+    num_ranks: int = Field(1, ge=1)
+    """Trainer processes that the policy is sharded over (FSDP2 per decoder layer, one GPU each on GPUs,
+    gloo on CPUs): weights, gradients and AdamW state take 1/N of the memory each. Each step's groups
+    are split over them, whole groups; the step equals the 1-rank step on the whole batch. 1: the
+    trainer runs in the ``tba train`` process itself. Ranks run as Ray actors (both runtimes) on one node."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (transformers' activation checkpointing): much less activation memory for one more forward
@@ -567,6 +572,10 @@ class RuntimeConfig(_Section):
     """Custom Ray resources per searcher, to place searchers on chosen nodes (``{"searcher": 1}``)."""
     trainer_cpus: int | None = Field(None, ge=1)
     """torch threads of the trainer process; default: the local CPUs the searchers leave free."""
+    rank_cpus: float | None = Field(None, gt=0)
+    """CPUs reserved per trainer rank (``trainer.num_ranks`` > 1); its torch thread count follows (at
+    least one thread). Default: the local CPUs that searchers and evaluation leave (one for the
+    ``tba train`` process in the sync runtime), split over the ranks."""
     address: str | None = None
     """Ray cluster to join (``auto`` or ``host:port``); default: start a local Ray instance."""
     max_searcher_restarts: int = Field(3, ge=0)
@@ -705,6 +714,12 @@ class Config(_Section):
                 f"generation.vllm.gpu_memory_utilization={fraction} is more than a searcher's share of its GPU "
                 f"(runtime.searcher_gpus={share}): the searchers that share a GPU would not all fit. Set it below "
                 f"{share} (the rest of the share holds the searcher's reference model), or unset it"
+            )
+        ranks = self.trainer.num_ranks
+        if ranks > 1 and batch < ranks:
+            raise ValueError(
+                f"trainer.num_ranks={ranks} splits each batch's groups over the ranks, and trainer.batch_prompts="
+                f"{batch} gives some rank none; raise batch_prompts to at least {ranks} or lower num_ranks"
             )
         if self.eval.async_ and self.runtime.type != "ray":
             raise ValueError(

@@ -22,13 +22,15 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 
 from tba.buffer import ReplayBuffer
+from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import token_logprobs
-from tba.models.lora import published_state
+from tba.models.lora import load_policy_state, policy_state, published_state
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
@@ -44,6 +46,9 @@ from tba.objectives import (
 from tba.schedules import beta_at, lr_multiplier
 from tba.types import Batch, RolloutGroup
 from tba.weights import WeightStore
+
+if TYPE_CHECKING:
+    from tba.runtime.ranks import RankGroup
 
 
 def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
@@ -105,9 +110,13 @@ class Trainer:
         max_new_tokens: int | None = None,
         precision: Precision | None = None,
         publish_dtype: torch.dtype | None = None,
+        ranks: RankGroup | None = None,
     ):
         """``precision``: how ``model`` computes (default fp32); ``publish_dtype``: the dtype that
-        published floating weights are cast to (the searchers' ``model.dtype``; None keeps them)."""
+        published floating weights are cast to (the searchers' ``model.dtype``; None keeps them).
+        ``ranks``: trainer ranks (``trainer.num_ranks`` > 1) that hold the sharded policy and its
+        optimizer and take the steps; ``model`` is then this process's unsharded copy, brought up to
+        date by :meth:`sync_policy` (for evaluation and checkpoints)."""
         self.model = model
         self.buffer = buffer
         self.weights = weights
@@ -123,11 +132,21 @@ class Trainer:
         self.skipped_steps = 0
         self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
         self._arrival_lag_max = 0
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+        self.ranks = ranks
+        self._synced = -1  # the version whose weights ``model`` holds, with ranks
+        if ranks is not None:  # the ranks hold the optimizer; ``model`` is this process's copy
+            self.optimizer = self.scheduler = None
+            return
+        self.optimizer, self.scheduler = self.new_optimizer()
+
+    def new_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """AdamW over the trainable parameters, and its learning-rate schedule, both fresh."""
+        cfg = self.cfg
+        optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
             lambda s: lr_multiplier(
                 s,
                 cfg.steps,
@@ -138,6 +157,7 @@ class Trainer:
                 cfg.lr_decay_steps,
             ),
         )
+        return optimizer, scheduler
 
     @property
     def device(self) -> torch.device:
@@ -159,38 +179,28 @@ class Trainer:
 
     def published_state(self) -> dict[str, torch.Tensor]:
         """What searchers load: the policy's state dict (a LoRA policy's adapter), floating tensors
-        cast once to ``publish_dtype``."""
+        cast once to ``publish_dtype`` (with ranks: gathered from their shards)."""
+        if self.ranks is not None:
+            return self.ranks.published_state(self.publish_dtype)
         return cast_floats(published_state(self.model), self.publish_dtype)
+
+    def sync_policy(self) -> None:
+        """With ranks, load their current weights into ``self.model`` (once per version); without,
+        ``self.model`` is the policy itself and this does nothing."""
+        if self.ranks is not None and self._synced != self.version:
+            load_policy_state(self.model, self.ranks.policy_state())
+            self._synced = self.version
 
     def step(self, batch: Batch | None = None) -> dict[str, float]:
         """One optimizer step on ``batch``, by default one sampled from the replay buffer."""
         start = time.perf_counter()
         if batch is None:
             batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
-        o = self.objective
-        beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
-        metrics = self._accumulate_gradients(batch, beta)
-
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:  # one bad batch must not poison the weights of a long run
-            self.skipped_steps += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
+        metrics = self.ranks.update(batch, self.version) if self.ranks is not None else self.update(batch)
         metrics.update(lag_metrics(batch, self.version))
         self.version += 1
-
         metrics.update(
             {
-                "train/grad_norm": grad_norm,
-                "train/beta": beta,
-                "train/lr": self.optimizer.param_groups[0]["lr"],
-                "train/skipped_steps": float(self.skipped_steps),
                 "buffer/arrival_lag_max": float(self._arrival_lag_max),
                 "train/step_s": time.perf_counter() - start,
                 **batch.stats,
@@ -202,7 +212,36 @@ class Trainer:
             metrics["train/publish_s"] = self.publish()
         return metrics
 
-    def _accumulate_gradients(self, batch: Batch, beta: float) -> dict[str, float]:
+    def update(self, batch: Batch, scale: float = 1.0) -> dict[str, float]:
+        """Gradients of the objective on ``batch``, clipped, one AdamW step and one schedule step at
+        version ``self.version`` (which the caller advances). ``scale`` weights this batch's loss:
+        a rank's share of the step's batch, whose gradients the ranks sum."""
+        o = self.objective
+        beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
+        metrics = self._accumulate_gradients(batch, beta, scale)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:  # one bad batch must not poison the weights of a long run
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
+        metrics.update(
+            {
+                "train/grad_norm": grad_norm,
+                "train/beta": beta,
+                "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/skipped_steps": float(self.skipped_steps),
+            }
+        )
+        return metrics
+
+    def _accumulate_gradients(self, batch: Batch, beta: float, scale: float = 1.0) -> dict[str, float]:
         k, n = self.group_size, batch.num_groups
         sizes = [
             (len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
@@ -223,7 +262,7 @@ class Trainer:
             ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
             reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
             loss, m = self._objective(token_logp, mask, logp, ref, reward, rollouts, beta)
-            (loss * share).backward()  # micro-batch losses are means: weight by their share of the batch
+            (loss * (share * scale)).backward()  # micro-batch losses are means: weight by their share of the batch
             kl = m["kl"] if "kl" in m else (logp.detach() - ref).mean().item()
             parts = {
                 "train/loss": loss.item(),
@@ -316,6 +355,8 @@ class Trainer:
         return out * mask
 
     def state_dict(self) -> dict:
+        if self.ranks is not None:
+            return {"version": self.version, **self.ranks.state_dict()}
         return {
             "version": self.version,
             "skipped_steps": self.skipped_steps,
@@ -325,8 +366,26 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned. With ranks, ``self.model``'s weights go to them
+        too (a resume loads the checkpoint's weights into ``self.model`` first)."""
+        check_rank_count(state, 1 if self.ranks is None else self.ranks.size)
         self.version = state["version"]
+        if self.ranks is not None:
+            self.ranks.load_state_dict(policy_state(self.model), state)
+            self._synced = self.version
+            return
         self.skipped_steps = state["skipped_steps"]
         self.oversize_groups = state.get("oversize_groups", 0)  # absent from checkpoints before it existed
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def check_rank_count(state: dict, ranks: int) -> None:
+    """A checkpoint's optimizer state is resumed by as many ranks as saved it (1 rank keeps torch's
+    own format; several, one gathered by parameter name)."""
+    saved = state.get("num_ranks", 1)
+    if (saved > 1) != (ranks > 1):
+        raise CheckpointError(
+            f"this checkpoint was written by a trainer of {saved} rank(s) and this run has {ranks}: "
+            f"resume it with --trainer.num_ranks={saved}"
+        )

@@ -88,11 +88,31 @@ def is_lora(model: torch.nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def published_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What the trainer publishes: the adapter's tensors for a LoRA policy, else the full state dict."""
+def published_state(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """What the trainer publishes: the adapter's tensors for a LoRA policy, else the full state dict.
+    ``state``: the model's state dict (or its trainable part, :func:`policy_state`), gathered by
+    whoever holds the weights (trainer ranks); default ``model.state_dict()``."""
     if is_lora(model):
-        return require_peft().get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
-    return model.state_dict()
+        return require_peft().get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER_NAME)
+    return model.state_dict() if state is None else state
+
+
+def policy_state(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The part of the policy's state dict that training changes, by full parameter name: every
+    entry for a full model, the adapter's parameters for a LoRA policy (its base is the reference,
+    loaded from ``model.policy``). ``state``: the model's whole state dict, if it was gathered elsewhere."""
+    state = model.state_dict() if state is None else state
+    if not is_lora(model):
+        return state
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trainable}
+
+
+def load_policy_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load what :func:`policy_state` returned into a model of the same kind."""
+    result = model.load_state_dict(state, strict=not is_lora(model))
+    if result.unexpected_keys:
+        raise ValueError(f"policy state does not fit this model: unexpected keys {result.unexpected_keys[:3]}")
 
 
 def load_published_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -64,6 +64,7 @@ def evaluate_policy(
     ``<run>/samples.jsonl`` and, given ``metrics``, to its TensorBoard and W&B; return the ``eval/*``
     metrics."""
     evaluator = policy_evaluator(c, cfg)
+    c.trainer.sync_policy()  # trainer ranks: their weights into this process's copy
     if evaluator.separate_copy:  # the searcher's vLLM engine, lent for this
         evaluator.generator.load_weights(c.trainer.published_state(), version=c.trainer.version)
         try:
@@ -120,6 +121,7 @@ def save(c: Components, run_dir: Path, extra: dict | None = None) -> Path:
     """Checkpoint the trainer side and, where this process holds one (the sync runtime), the
     searcher side: its state and the newest published weights, so that a resume continues exactly."""
     extra = dict(extra or {})
+    c.trainer.sync_policy()  # trainer ranks: their weights into this process's copy, which is saved
     if c.searcher is not None:
         extra["searcher"] = c.searcher.state_dict()
         extra["published"] = _published(c)

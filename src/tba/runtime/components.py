@@ -32,7 +32,14 @@ from tba.models.loading import (
     resolve_dtype,
 )
 from tba.models.logprobs import unwrap
-from tba.models.lora import ReferenceView, add_adapter, check_lora_config, copy_sharing_frozen, published_state
+from tba.models.lora import (
+    ReferenceView,
+    add_adapter,
+    check_lora_config,
+    copy_sharing_frozen,
+    policy_state,
+    published_state,
+)
 from tba.models.precision import Precision
 from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_model
 from tba.searcher import Searcher
@@ -250,7 +257,9 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id, cfg.runtime.searcher_gpus)
 
 
-def load_trainer_policy(cfg: Config, path: str, device: torch.device, precision: Precision) -> torch.nn.Module:
+def load_trainer_policy(
+    cfg: Config, path: str, device: torch.device, precision: Precision, gradient_checkpointing: bool = True
+) -> torch.nn.Module:
     """The policy the trainer updates, in ``precision``'s weights dtype (fp32 master weights for
     bf16-mixed). With LoRA only the adapter trains: the frozen base stays in ``model.dtype`` unless
     the precision is fp32, and PEFT keeps the adapter in fp32 (cast to bf16 for pure bf16)."""
@@ -263,7 +272,7 @@ def load_trainer_policy(cfg: Config, path: str, device: torch.device, precision:
         policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
         if precision.mode == "bf16":
             policy = policy.to(torch.bfloat16)
-    if cfg.trainer.gradient_checkpointing:
+    if cfg.trainer.gradient_checkpointing and gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     return policy
 
@@ -302,9 +311,20 @@ def build_components(
     tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
     precision = Precision.from_config(cfg.trainer.precision, device)
     precision.warn(log)
-    policy = load_trainer_policy(cfg, policy_path, device, precision)
+    ranks = None
+    if cfg.trainer.num_ranks > 1:  # this process keeps an unsharded copy, for evaluation and checkpoints
+        # in the ray runtime on CPU: the GPUs are the ranks' and the searchers'
+        copy_device = torch.device("cpu") if cfg.runtime.type == "ray" else device
+        policy = load_trainer_policy(cfg, policy_path, copy_device, precision, gradient_checkpointing=False)
+    else:
+        policy = load_trainer_policy(cfg, policy_path, device, precision)
     eos = completion_eos(cfg, tokenizer, policy)
     pad = tokenizer.pad_token_id
+    if cfg.trainer.num_ranks > 1:
+        from tba.runtime.ranks import RankGroup
+
+        # a LoRA adapter starts from this copy's random initialisation; a full model from its file
+        ranks = RankGroup(cfg, pad, eos, log, initial=policy_state(policy) if m.lora is not None else None)
     lag = cfg.runtime.extra_lag
     weights = weights or LocalWeightStore(keep=publications_to_keep(lag, cfg.trainer.sync_interval))
     buffer = make_buffer(cfg)
@@ -321,6 +341,7 @@ def build_components(
         precision=precision,
         # searchers hold model.dtype; a LoRA adapter stays as PEFT keeps it there (fp32)
         publish_dtype=None if m.lora is not None else resolve_dtype(m.dtype, device),
+        ranks=ranks,
     )
     searcher = None
     if with_searcher:

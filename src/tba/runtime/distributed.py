@@ -24,6 +24,7 @@ processes if ``tba train`` is killed outright; SIGTERM stops a run like Ctrl-C d
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -256,7 +257,30 @@ def _trainer_threads(cfg: Config) -> int:
     if cfg.runtime.address:  # searchers may be elsewhere: use this machine
         return os.cpu_count() or 1
     taken = cfg.runtime.num_searchers * cfg.runtime.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
+    if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
+        from tba.runtime.ranks import rank_cpus
+
+        taken += cfg.trainer.num_ranks * rank_cpus(cfg)
     return max(1, int((os.cpu_count() or 1) - taken))
+
+
+@contextlib.contextmanager
+def ray_session(cfg: Config):
+    """Ray for a runtime that needs it only for its trainer ranks (the sync runtime with
+    ``trainer.num_ranks`` > 1): join ``runtime.address`` or start a local instance (watched, like the
+    ray runtime's), SIGTERM unwinding the run; shut down at the end."""
+    watchdog = _start_watchdog(cfg)
+    started, old_sigterm = False, None
+    try:
+        started = _init_ray(cfg)
+        old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+        _stop_watchdog(watchdog)
+        if old_sigterm is not None:
+            signal.signal(signal.SIGTERM, old_sigterm)
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
@@ -276,7 +300,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     actors, metrics, background = [], None, None
     inbox = None
     try:
-        started_ray = _init_ray(cfg, resolve_device(cfg.run.device))
+        # the trainer's own GPU is kept from Ray, unless ranks train (they get theirs from Ray)
+        started_ray = _init_ray(cfg, resolve_device(cfg.run.device) if cfg.trainer.num_ranks == 1 else None)
         # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
         old_sigterm = interrupt_on_sigterm()
         run_id = uuid.uuid4().hex[:12]

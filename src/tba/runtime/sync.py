@@ -1,4 +1,5 @@
-"""The synchronous runtime: one process alternates generate-then-train.
+"""The synchronous runtime: one process alternates generate-then-train (with ``trainer.num_ranks`` >
+1 the training runs on trainer ranks, Ray actors that this process starts, and it waits for them).
 
 Each step the searcher generates a fresh batch with the newest published weights and the
 trainer takes one optimizer step, sampling from the replay buffer exactly as it does when the
@@ -36,6 +37,15 @@ from tba.runtime.components import Components, build_components
 
 
 def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
+    if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
+        from tba.runtime.distributed import ray_session
+
+        with ray_session(cfg):
+            return _run(cfg, console)
+    return _run(cfg, console)
+
+
+def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     console = console or Console(stderr=True)
     start = time.time()
     if cfg.run.threads:

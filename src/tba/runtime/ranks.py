@@ -1,0 +1,434 @@
+"""A trainer on several devices: the policy sharded over ``trainer.num_ranks`` processes with FSDP2.
+
+    driver (tba train): replay buffer, bounds, weight store, metrics, checkpoints, searchers (sync)
+        │ each step: the batch's groups split over the ranks (whole groups, balanced by tokens)
+        ▼
+    rank 0 … rank N-1: one torch.distributed group (NCCL on GPUs, gloo on CPUs); each holds
+        1/N of every weight, gradient and AdamW moment; a step gathers each decoder layer's weights
+        for its forward and backward, sums the ranks' gradients (reduce-scatter), clips by the global
+        norm and steps its own shard
+
+The ranks are Ray actors in one placement group (all on one node, packed): both runtimes start
+them the same way, Ray gives each its GPU, and a rank whose process dies is reported to the
+driver by its next call's error instead of a hang (:class:`RankGroup` waits on all ranks at
+once and stops at the first failure). The driver keeps an unsharded copy of the policy for
+evaluation and checkpoints, refreshed from the ranks when it needs it.
+
+Sharding is per decoder layer (the model's ``_no_split_modules``), then the root (embeddings,
+final norm, output head); the root keeps its weights gathered from forward to backward, because
+the lean log-prob path applies the output head to the hidden states after the model's forward
+(:func:`tba.models.logprobs.head_logprobs`). Gradients are summed over ranks, not averaged: each
+rank's loss is weighted by its share of the batch, so a step equals the 1-rank trainer's step on
+the whole batch. ``trainer.precision=bf16-mixed`` becomes FSDP2's mixed-precision policy (bf16
+weights gathered for compute, gradients reduced in fp32, fp32 master shards).
+
+Publication and checkpoints gather full tensors to rank 0 (on its CPU), which hands them to the
+driver: the weight store and the checkpoint format are those of the 1-rank trainer (a Hugging
+Face folder for the weights), with the optimizer state gathered by parameter name.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import warnings
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from tba.config import Config, ConfigError, build_config
+from tba.models.logprobs import unwrap
+from tba.models.precision import PeakMemory, Precision, cast_floats
+from tba.runtime.errors import TrainerRankFailed
+from tba.types import Batch
+
+RANK_TIMEOUT_S = 1800.0
+"""How long a rank waits in a collective for the others: a rank that dies is seen by the driver
+long before (its next call fails), which then stops the others; this only bounds a hang."""
+
+_POLL_S = 1.0  # how often the driver checks that the ranks it waits for are alive
+
+
+def rank_cpus(cfg: Config) -> float:
+    """``runtime.rank_cpus``, by default the local CPUs that searchers and evaluation leave (one kept
+    for the ``tba train`` process in the sync runtime, which generates), split over the ranks."""
+    r = cfg.runtime
+    if r.rank_cpus is not None:
+        return r.rank_cpus
+    if r.type == "ray":
+        taken = r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
+    else:
+        taken = 1
+    return round(max(1.0, (os.cpu_count() or 1) - taken) / cfg.trainer.num_ranks, 4)
+
+
+def split_groups(sizes: list[int], ranks: int) -> list[list[int]]:
+    """Group indices per rank: whole groups, each rank at least one, the longest groups placed
+    first on the rank with the fewest tokens so far (``sizes[g]``: tokens of group g). Each rank's
+    indices keep the batch's order. Deterministic."""
+    if len(sizes) < ranks:
+        raise ValueError(f"{len(sizes)} groups cannot be split over {ranks} ranks")
+    load, parts = [0] * ranks, [[] for _ in range(ranks)]
+    for g in sorted(range(len(sizes)), key=lambda g: -sizes[g]):  # stable: ties keep the order
+        r = min(range(ranks), key=lambda r: (load[r] if parts[r] else -1, r))  # an empty rank first
+        parts[r].append(g)
+        load[r] += sizes[g]
+    return [sorted(p) for p in parts]
+
+
+def sub_batch(batch: Batch, groups: list[int]) -> Batch:
+    """The groups ``groups`` of ``batch``, as a batch of their own."""
+    k = batch.group_size
+    return Batch(
+        [batch.prompt_ids[g] for g in groups],
+        [r for g in groups for r in batch.rollouts[g * k : (g + 1) * k]],
+        k,
+    )
+
+
+def rank_scales(batch: Batch, parts: list[list[int]], objective: str) -> list[float]:
+    """Each rank's share of the step's loss (what its loss is weighted by before the ranks' gradients
+    are summed): its fraction of the groups; for Online DPO, whose loss averages over the groups
+    whose rewards differ, its fraction of those."""
+    n = batch.num_groups
+    sizes = [len(p) / n for p in parts]
+    if objective != "online_dpo":
+        return sizes
+    k = batch.group_size
+    rewards = [[r.reward for r in batch.rollouts[g * k : (g + 1) * k]] for g in range(n)]
+    pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in p) for p in parts]
+    total = sum(pairs)
+    return [p / total for p in pairs] if total else sizes
+
+
+# Metrics that are the same on every rank (global after the gradient reduction), and those that
+# are counts to add; the rest are means over each rank's groups, combined by its share of them.
+_SHARED = ("train/grad_norm", "train/beta", "train/lr", "train/skipped_steps")
+_SUMMED = ("train/micro_batches", "train/oversize_groups")
+
+
+def combine_metrics(per_rank: list[dict[str, float]], sizes: list[float], scales: list[float]) -> dict[str, float]:
+    """One step's metrics from the ranks' own (``sizes``: each rank's fraction of the groups,
+    ``scales``: of the loss)."""
+    out: dict[str, float] = {}
+    for key in per_rank[0]:
+        values = [m[key] for m in per_rank if key in m]
+        if key in _SHARED:
+            out[key] = values[0]
+        elif key in _SUMMED:
+            out[key] = float(sum(values))
+        elif key.startswith("rank/"):
+            continue
+        elif key == "train/loss":
+            out[key] = sum(v * s for v, s in zip(values, scales, strict=True))
+        else:
+            out[key] = sum(m[key] * s for m, s in zip(per_rank, sizes, strict=True) if key in m) / sum(
+                s for m, s in zip(per_rank, sizes, strict=True) if key in m
+            )
+    peaks = [m["rank/peak_memory_gb"] for m in per_rank if "rank/peak_memory_gb" in m]
+    if peaks:
+        out["train/rank_peak_memory_gb"] = max(peaks)
+    return out
+
+
+def shard_policy(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+    """FSDP2 over ``model`` in the current process group: one unit per decoder layer, then the root,
+    which stays gathered from forward to backward (the output head is applied after the forward).
+    Gradients are summed over ranks (each rank weights its loss by its share)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    base = unwrap(model)
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ConfigError(
+            f"trainer.num_ranks > 1 shards the model per decoder layer, and {type(base).__name__} names no "
+            "decoder layer class (_no_split_modules); train it with trainer.num_ranks=1"
+        )
+    policy = MixedPrecisionPolicy()
+    if precision.mode == "bf16-mixed":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # a sum: each rank's loss carries its share already
+            m.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    return model
+
+
+@torch.no_grad()
+def load_sharded(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, rank: int) -> None:
+    """Copy full tensors, held by rank 0 (``state``; None elsewhere), into each rank's shards of the
+    parameters of the same names, in place. (In place: torch's ``set_model_state_dict`` gives FSDP2
+    parameters new shards, which the next all-gather does not read.) Every rank calls this."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    names = [sorted(state) if rank == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each name
+    unknown = [n for n in names[0] if n not in params]
+    if unknown:
+        raise ValueError(f"weights for parameters this model does not have: {unknown[:3]}")
+    for name in names[0]:
+        param = params[name]
+        if not isinstance(param, DTensor):  # not sharded: the same on every rank
+            full = state[name].to(param.device, param.dtype) if rank == 0 else torch.empty_like(param)
+            dist.broadcast(full, src=0)
+            param.copy_(full)
+            continue
+        local = param.to_local()
+        full = state[name] if rank == 0 else None
+        full = full.to(local.device, local.dtype) if full is not None else local.new_empty(param.shape)
+        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=0).to_local())
+
+
+@ray.remote
+class TrainerRank:
+    """One rank of the trainer: a shard of the policy and of its optimizer."""
+
+    def __init__(self, cfg_data: dict, rank: int, world: int, threads: int):
+        torch.set_num_threads(threads)
+        self.cfg: Config = build_config(cfg_data)
+        self.rank, self.world = rank, world
+        self.trainer = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the others: this node's address and a free port."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, host: str, port: int, pad_id: int, eos_ids: set[int]) -> None:
+        """Join the process group, load the policy, shard it, build the optimizer."""
+        import torch.distributed as dist
+
+        from tba.models.loading import resolve_device
+        from tba.runtime.components import load_trainer_policy, model_paths, quiet_transformers, seed_everything
+        from tba.trainer import Trainer
+
+        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # hidden states are read, not changed
+        quiet_transformers()
+        cfg = self.cfg
+        device = resolve_device(cfg.run.device)
+        if device.type == "cuda":  # Ray made this rank's GPU the only visible one
+            device = torch.device("cuda", 0)
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S),
+        )
+        seed_everything(cfg.run.seed)  # every rank loads the same weights (an adapter's initialisation too)
+        precision = Precision.from_config(cfg.trainer.precision, device)
+        policy_path, _ = model_paths(cfg, log=lambda msg: None)
+        model = shard_policy(load_trainer_policy(cfg, policy_path, device, precision), precision)
+        self.trainer = Trainer(
+            model,
+            None,
+            None,
+            cfg.trainer,
+            cfg.objective,
+            cfg.generation.group_size,
+            pad_id,
+            eos_ids,
+            max_new_tokens=cfg.generation.max_new_tokens,
+            precision=precision,
+        )
+        self.peak = PeakMemory(device)
+        from torch.distributed.fsdp import FSDPModule
+
+        self.fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+    def update(self, batch: Batch, version: int, scale: float) -> dict[str, float]:
+        t = self.trainer
+        t.version = version
+        metrics = t.update(batch, scale)
+        for m in self.fsdp_modules:  # a unit whose inputs need no gradient (under a LoRA adapter's frozen
+            m.reshard()  # embeddings) can keep its gathered weights past the step: gather the new ones next time
+        metrics["rank/peak_memory_gb"] = self.peak.read()
+        return metrics
+
+    def _gather(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.trainer.model, options=options)  # rank 0 only; {} elsewhere
+
+    def published_state(self, dtype_name: str | None) -> dict[str, torch.Tensor] | None:
+        """What searchers load, gathered (rank 0 returns it; the others None)."""
+        from tba.models.lora import policy_state, published_state
+
+        state = self._gather()
+        if self.rank != 0:
+            return None
+        dtype = getattr(torch, dtype_name) if dtype_name else None
+        return cast_floats(published_state(self.trainer.model, policy_state(self.trainer.model, state)), dtype)
+
+    def policy_state(self) -> dict[str, torch.Tensor] | None:
+        """The trainable part of the policy's state dict, gathered (rank 0; the others None)."""
+        from tba.models.lora import policy_state
+
+        state = self._gather()
+        return policy_state(self.trainer.model, state) if self.rank == 0 else None
+
+    def state_dict(self) -> dict | None:
+        """The optimizer state gathered by parameter name, the schedule and the counters (rank 0)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        t = self.trainer
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer = get_optimizer_state_dict(t.model, t.optimizer, options=options)
+        if self.rank != 0:
+            return None
+        return {
+            "num_ranks": self.world,
+            "skipped_steps": t.skipped_steps,
+            "oversize_groups": t.oversize_groups,
+            "optimizer": optimizer,
+            "scheduler": t.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, policy: dict | None, state: dict | None) -> None:
+        """Weights (``policy``: :func:`tba.models.lora.policy_state` of the driver's copy, given to rank
+        0) and the trainer's state (``state``: what :meth:`state_dict` returned; its optimizer part given
+        to rank 0, the schedule and counters to every rank); None: weights only."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        t = self.trainer
+        load_sharded(t.model, policy, self.rank)
+        if state is None:  # weights only (loading an empty optimizer state would count a step in AdamW)
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_optimizer_state_dict(t.model, t.optimizer, state.get("optimizer", {}), options=options)
+        t.skipped_steps, t.oversize_groups = state["skipped_steps"], state.get("oversize_groups", 0)
+        t.scheduler.load_state_dict(state["scheduler"])
+        t.version = state["version"]
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RankGroup:
+    """The driver's handle on the trainer ranks: starts them, splits each step's batch over them,
+    gathers what they hold, and turns a rank's death into :class:`TrainerRankFailed`."""
+
+    def __init__(
+        self, cfg: Config, pad_id: int, eos_ids: set[int], log=print, initial: dict[str, torch.Tensor] | None = None
+    ):
+        """``initial``: weights to start from instead of what each rank loads (a LoRA adapter's
+        initialisation, so that the ranks start where the driver's copy does)."""
+        n = cfg.trainer.num_ranks
+        self.size, self.cfg = n, cfg
+        gpu = cfg.run.device != "cpu" and torch.cuda.is_available()
+        cpus = rank_cpus(cfg)
+        bundle = {"GPU": 1, "CPU": cpus} if gpu else {"CPU": cpus}
+        total = ray.cluster_resources()
+        if any(total.get(key, 0) < n * amount for key, amount in bundle.items()):
+            raise ConfigError(
+                f"trainer.num_ranks={n} needs {n} x {bundle} and the Ray cluster has {total.get('CPU', 0):g} CPUs "
+                f"and {total.get('GPU', 0):g} GPUs in all; lower trainer.num_ranks or runtime.rank_cpus"
+            )
+        self.group = placement_group([bundle] * n, strategy="STRICT_PACK")
+        if not _wait(self.group.ready(), 120):
+            remove_placement_group(self.group)
+            raise ConfigError(
+                f"trainer.num_ranks={n} needs {n} x {bundle} on one node and Ray could not place them within "
+                f"120 s (free now: {ray.available_resources()}); lower trainer.num_ranks or runtime.rank_cpus"
+            )
+        threads = max(1, int(cpus))
+        data = cfg.model_dump(mode="json")
+        self.actors = [
+            TrainerRank.options(
+                num_cpus=cpus,
+                num_gpus=1 if gpu else 0,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r),
+            ).remote(data, r, n, threads)
+            for r in range(n)
+        ]
+        host, port = self._call("address", [()], ranks=[0])[0]
+        self._call("join", [(host, port, pad_id, eos_ids)] * n)
+        if initial is not None:
+            self._call("load_state_dict", [(initial, None)] + [(None, None)] * (n - 1))
+        log(f"trainer: {n} ranks ({'NCCL on GPUs' if gpu else 'gloo on CPUs'}), FSDP2 per decoder layer")
+
+    def update(self, batch: Batch, version: int) -> dict[str, float]:
+        k = batch.group_size
+        sizes = [
+            k * (len(batch.prompt_ids[g]) + max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
+            for g in range(batch.num_groups)
+        ]
+        parts = split_groups(sizes, self.size)
+        scales = rank_scales(batch, parts, self.cfg.objective.type)
+        per_rank = self._call("update", [(sub_batch(batch, p), version, s) for p, s in zip(parts, scales, strict=True)])
+        return combine_metrics(per_rank, [len(p) / batch.num_groups for p in parts], scales)
+
+    def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        return self._call("published_state", [(name,)] * self.size)[0]
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        return self._call("policy_state", [()] * self.size)[0]
+
+    def state_dict(self) -> dict:
+        return self._call("state_dict", [()] * self.size)[0]
+
+    def load_state_dict(self, policy: dict[str, torch.Tensor], state: dict) -> None:
+        light = {k: v for k, v in state.items() if k != "optimizer"}  # rank 0 sends the optimizer's shards
+        self._call("load_state_dict", [(policy, state)] + [(None, light)] * (self.size - 1))
+
+    def pids(self) -> list[int]:
+        return self._call("pid", [()] * self.size)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        remove_placement_group(self.group)
+
+    def _call(self, method: str, args: list[tuple], ranks: list[int] | None = None) -> list:
+        """``method(*args[i])`` on each rank (``ranks``: which; default all), waiting for all of them;
+        the first failure kills the others (which would wait in a collective for the failed one)
+        and raises :class:`TrainerRankFailed`."""
+        ranks = ranks if ranks is not None else list(range(self.size))
+        refs = [getattr(self.actors[r], method).remote(*a) for r, a in zip(ranks, args, strict=True)]
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=_POLL_S)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayError as err:
+                    self.close()
+                    r = ranks[refs.index(ref)]
+                    if isinstance(err, RayActorError):
+                        raise TrainerRankFailed(
+                            f"trainer rank {r} died ({_first_line(err)}); the run stops. The checkpoints written "
+                            "so far are intact: continue with --run.resume=true"
+                        ) from None
+                    raise TrainerRankFailed(f"trainer rank {r} failed in {method}; the run stops.\n{err}") from None
+        return ray.get(refs)
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _wait(ref, timeout_s: float) -> bool:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        ready, _ = ray.wait([ref], timeout=1.0)
+        if ready:
+            return True
+    return False

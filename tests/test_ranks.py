@@ -1,0 +1,292 @@
+"""The trainer sharded over ranks (``trainer.num_ranks``): FSDP2 over gloo in two CPU processes gives
+the 1-rank trainer's step, publishes its weights, checkpoints and resumes, and a dead rank ends the
+run with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+from tests.conftest import SMALL_DEMO_ARGS
+from tests.test_pipeline import synthetic_groups
+from tests.test_ray_survival import session_processes
+
+from tba.checkpoint import latest_checkpoint, read_trainer_state
+from tba.config import load_config
+from tba.metrics import read_metrics
+from tba.runtime.ranks import combine_metrics, rank_scales, split_groups, sub_batch
+from tba.types import Batch, Rollout
+
+
+def test_groups_are_split_whole_and_balanced_by_tokens():
+    sizes = [40, 8, 8, 8, 8, 8, 8, 8]
+    parts = split_groups(sizes, 2)
+    assert sorted(g for p in parts for g in p) == list(range(8))  # every group once
+    assert parts == [[0, 6], [1, 2, 3, 4, 5, 7]]  # longest first, each to the lighter rank: 48 tokens each
+    assert split_groups(sizes, 2) == parts  # deterministic
+    assert split_groups([5, 5, 5], 3) == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_groups([5], 2)
+
+
+def _batch(rewards: list[list[float]]) -> Batch:
+    k = len(rewards[0])
+    rollouts = [Rollout(f"p{g}", (1, 2), r, -1.0, 0, 0) for g, rs in enumerate(rewards) for r in rs]
+    return Batch([[1]] * len(rewards), rollouts, k)
+
+
+def test_rank_shares_of_the_loss():
+    batch = _batch([[0, 1], [1, 1], [0, 0], [1, 0]])
+    parts = [[0, 1, 2], [3]]
+    assert rank_scales(batch, parts, "tb") == [0.75, 0.25]
+    assert rank_scales(batch, parts, "online_dpo") == [0.5, 0.5]  # groups 0 and 3 hold a pair
+    assert rank_scales(batch, [[1, 2], [0, 3]], "online_dpo") == [0.0, 1.0]
+    assert sub_batch(batch, [1, 3]).rollouts == batch.rollouts[2:4] + batch.rollouts[6:8]
+
+
+def test_rank_metrics_combine_as_one_batch():
+    per_rank = [
+        {
+            "train/loss": 2.0,
+            "train/reward_mean": 1.0,
+            "train/grad_norm": 3.0,
+            "train/micro_batches": 2.0,
+            "rank/peak_memory_gb": 1.5,
+        },
+        {
+            "train/loss": 4.0,
+            "train/reward_mean": 0.0,
+            "train/grad_norm": 3.0,
+            "train/micro_batches": 1.0,
+            "rank/peak_memory_gb": 1.25,
+        },
+    ]
+    out = combine_metrics(per_rank, sizes=[0.75, 0.25], scales=[0.5, 0.5])
+    assert out == {
+        "train/loss": 3.0,  # weighted by the loss shares
+        "train/reward_mean": 0.75,  # by the group shares
+        "train/grad_norm": 3.0,  # global already
+        "train/micro_batches": 3.0,
+        "train/rank_peak_memory_gb": 1.5,
+    }
+
+
+# ------------------------------------------------------------------ two ranks over gloo
+
+
+@pytest.fixture(scope="module")
+def ray_cpus(demo_cache):
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
+    yield demo_cache
+    ray.shutdown()
+
+
+def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
+    from tba.runtime.components import build_components, seed_everything
+
+    cfg = load_config(
+        None,
+        [
+            *SMALL_DEMO_ARGS,
+            "--run.device=cpu",
+            f"--model.cache_dir={cache}",
+            "--trainer.batch_prompts=6",
+            "--trainer.warmup_steps=0",
+            "--trainer.lr=1e-3",
+            "--runtime.rank_cpus=0.5",
+            f"--trainer.num_ranks={ranks}",
+            *extra,
+        ],
+    )
+    seed_everything(cfg.run.seed)  # as a run does: the same LoRA initialisation for 1 and 2 ranks
+    c = build_components(cfg, log=lambda m: None, with_searcher=False)
+    c.trainer.ingest(synthetic_groups(c.tokenizer, n_prompts=6, k=cfg.generation.group_size))
+    batch = c.buffer.sample(6, cfg.generation.group_size)
+    metrics = [c.trainer.step(batch) for _ in range(steps)]
+    return c, metrics
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        # LoRA, activation checkpointing and token-budget micro-batches on the ranks, Online DPO's shares
+        [
+            "--model.lora.r=4",
+            "--trainer.gradient_checkpointing=true",
+            "--trainer.micro_batch_tokens=200",
+            "--objective.type=online_dpo",
+        ],
+    ],
+    ids=["full", "lora-ckpt-micro-dpo"],
+)
+def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
+    one, m1 = _trained(ray_cpus, 1, extra)
+    two, m2 = _trained(ray_cpus, 2, extra)
+    try:
+        for a, b in zip(m1, m2, strict=True):  # the same two steps: loss, gradient norm, every mean
+            for key in ("train/loss", "train/grad_norm", "train/reward_mean", "train/kl", "train/lr"):
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+        assert m2[0]["train/micro_batches"] >= 2 and m2[0]["train/rank_peak_memory_gb"] > 0
+        # what searchers load: the same keys, the same weights (2 AdamW steps of lr 1e-3 apart from
+        # summation order)
+        p1, p2 = one.trainer.published_state(), two.trainer.published_state()
+        assert p1.keys() == p2.keys() and len(p1) > 0
+        for key in p1:
+            torch.testing.assert_close(p2[key], p1[key], rtol=0, atol=2e-5)
+        if "--model.lora.r=4" in extra:
+            assert all("lora_" in key for key in p2)  # the adapter only
+        # the optimizer's moments, gathered by parameter name, are the 1-rank trainer's
+        s1, s2 = one.trainer.state_dict(), two.trainer.state_dict()
+        names = [n for n, p in one.policy.named_parameters() if p.requires_grad]
+        moments = {n: s1["optimizer"]["state"][i] for i, n in enumerate(names)}
+        assert set(s2["optimizer"]["state"]) == set(names) and s2["num_ranks"] == 2
+        for n in names:
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(s2["optimizer"]["state"][n][key], moments[n][key], rtol=1e-3, atol=1e-7)
+        # the driver's copy, synced for checkpoints and evaluation, holds the ranks' weights
+        two.trainer.sync_policy()
+        for name, p in two.policy.named_parameters():
+            if p.requires_grad:
+                torch.testing.assert_close(
+                    p.detach(), dict(one.policy.named_parameters())[name].detach(), rtol=0, atol=2e-5
+                )
+    finally:
+        two.trainer.ranks.close()
+
+
+def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
+    a, _ = _trained(ray_cpus, 2, [], steps=1)
+    b, _ = _trained(ray_cpus, 2, ["--run.seed=7"], steps=0)  # other initial weights, no step yet
+    try:
+        a.trainer.sync_policy()
+        state = a.trainer.state_dict()
+        b.policy.load_state_dict(a.policy.state_dict())  # what resume() does: the checkpoint's weights first
+        b.trainer.load_state_dict(state)
+        assert b.trainer.version == 1
+        after = b.trainer.state_dict()
+        for name, moments in state["optimizer"]["state"].items():
+            for key, value in moments.items():
+                torch.testing.assert_close(after["optimizer"]["state"][name][key], value, rtol=0, atol=0)
+        assert after["scheduler"] == state["scheduler"]
+        batch = a.buffer.sample(6, 8)
+        ma, mb = a.trainer.step(batch), b.trainer.step(batch)
+        assert mb["train/loss"] == pytest.approx(ma["train/loss"], rel=1e-6)
+        pa, pb = a.trainer.published_state(), b.trainer.published_state()
+        assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    finally:
+        a.trainer.ranks.close()
+        b.trainer.ranks.close()
+
+
+def test_a_one_rank_checkpoint_is_not_resumed_by_two(ray_cpus):
+    from tba.checkpoint import CheckpointError
+
+    one, _ = _trained(ray_cpus, 1, [], steps=1)
+    two, _ = _trained(ray_cpus, 2, [], steps=0)
+    try:
+        with pytest.raises(CheckpointError, match="--trainer.num_ranks=1"):
+            two.trainer.load_state_dict(one.trainer.state_dict())
+    finally:
+        two.trainer.ranks.close()
+
+
+# ------------------------------------------------------------------ whole runs
+
+
+def _cli(tmp_path, cache, name, *args) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "tba",
+        "train",
+        *SMALL_DEMO_ARGS,
+        "--logging.progress=false",
+        "--trainer.num_ranks=2",  # runtime.rank_cpus by default: the CPU the searcher leaves, halved
+        f"--model.cache_dir={cache}",
+        f"--run.output_dir={tmp_path}",
+        f"--run.name={name}",
+        *args,
+    ]
+
+
+def test_sync_runtime_on_two_ranks_resumes_exactly(tmp_path, demo_cache):
+    def run(name, steps, *extra):
+        args = _cli(
+            tmp_path,
+            demo_cache,
+            name,
+            "--runtime.type=sync",
+            f"--trainer.steps={steps}",
+            "--eval.every=4",
+            "--eval.limit=4",
+            "--trainer.checkpoint_every=2",
+            *extra,
+        )
+        done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run("straight", 4)
+    run("resumed", 2)
+    run("resumed", 4, "--run.resume=true")
+    a, b = tmp_path / "straight" / "checkpoints" / "step_4", tmp_path / "resumed" / "checkpoints" / "step_4"
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run's weights differ"
+    sa, sb = read_trainer_state(a)["trainer"], read_trainer_state(b)["trainer"]
+    assert sa["num_ranks"] == 2 and sa["scheduler"] == sb["scheduler"]
+    for name, moments in sa["optimizer"]["state"].items():
+        assert all(torch.equal(v, sb["optimizer"]["state"][name][k]) for k, v in moments.items())
+    # the checkpoint's weights are a Hugging Face model
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(b).num_parameters() > 0
+    train = [r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+
+
+def test_a_killed_rank_ends_the_run_with_a_clear_message(tmp_path, demo_cache):
+    proc = subprocess.Popen(
+        _cli(
+            tmp_path,
+            demo_cache,
+            "k",
+            "--runtime.type=ray",
+            "--trainer.steps=100000",
+            "--eval.every=100000",
+            "--trainer.checkpoint_every=2",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TERM": "dumb"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 180
+        while latest_checkpoint(tmp_path / "k") is None and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        ranks = sorted(pid for pid, cmd in session_processes(proc.pid).items() if cmd.startswith("ray::TrainerRank"))
+        assert len(ranks) == 2, f"no checkpoint or no ranks: {proc.poll()} {ranks}"
+        os.kill(ranks[1], signal.SIGKILL)
+        killed = time.time()
+        stderr = proc.communicate(timeout=60)[1]
+        took = time.time() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "trainer rank" in stderr and "died" in stderr and "--run.resume=true" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr
+    print(f"\nrun ended {took:.1f} s after a rank was killed")
+    ckpt = latest_checkpoint(tmp_path / "k")  # complete and loadable
+    state = read_trainer_state(ckpt)
+    assert state["trainer"]["num_ranks"] == 2 and state["trainer"]["version"] >= 2
+    assert json.loads((ckpt / "config.json").read_text())["model_type"] == "llama"
