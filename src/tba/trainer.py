@@ -173,7 +173,10 @@ class Trainer:
         """Publish the current weights as version ``self.version`` (a LoRA policy's adapter only);
         returns the seconds it took."""
         start = time.perf_counter()
-        self.weights.publish(self.published_state(), self.version)
+        if self.ranks is not None:
+            self.ranks.publish(self.weights, self.version, self.publish_dtype)
+        else:
+            self.weights.publish(self.published_state(), self.version)
         self.buffer.mark_sync()
         return time.perf_counter() - start
 

@@ -218,6 +218,7 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
     sampled = [r["searcher/reward_mean"] for r in history if r.get("searcher/reward_mean") is not None]
     lags = [r["train/lag_mean"] for r in history if r.get("train/lag_mean") is not None]
     peaks = [r["train/peak_memory_gb"] for r in history if r.get("train/peak_memory_gb") is not None]
+    rank_peaks = [r["train/rank_peak_memory_gb"] for r in history if r.get("train/rank_peak_memory_gb") is not None]
     summary = {
         f"{key}_initial": evals[0][key] if evals else None,
         f"{key}_final": evals[-1][key] if evals else None,
@@ -227,6 +228,7 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
         "searcher/reward_mean_last10": _mean(sampled[-10:]),
         "lag_mean": _mean(lags),
         "peak_memory_gb": round(max(peaks), 3) if peaks else None,  # the trainer process's
+        **({"rank_peak_memory_gb": round(max(rank_peaks), 3)} if rank_peaks else {}),  # trainer.num_ranks > 1
         "wall_clock_s": round(time.time() - start, 1),
         "trainer_steps": c.trainer.version,
         "runtime": cfg.runtime.type,

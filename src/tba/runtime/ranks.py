@@ -43,7 +43,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tba.config import Config, ConfigError, build_config
 from tba.models.logprobs import unwrap
-from tba.models.precision import PeakMemory, Precision, cast_floats
+from tba.models.precision import PeakMemory, Precision, cast_floats, cpu_rss_bytes
 from tba.runtime.errors import TrainerRankFailed
 from tba.types import Batch
 
@@ -229,6 +229,7 @@ class TrainerRank:
             world_size=self.world,
             timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S),
         )
+        self.base_rss = cpu_rss_bytes()  # before the model: what a benchmark subtracts
         seed_everything(cfg.run.seed)  # every rank loads the same weights (an adapter's initialisation too)
         precision = Precision.from_config(cfg.trainer.precision, device)
         policy_path, _ = model_paths(cfg, log=lambda msg: None)
@@ -275,6 +276,15 @@ class TrainerRank:
         dtype = getattr(torch, dtype_name) if dtype_name else None
         return cast_floats(published_state(self.trainer.model, policy_state(self.trainer.model, state)), dtype)
 
+    def publish(self, board, version: int, dtype_name: str | None) -> None:
+        """Gather what searchers load and put it on the weight board from rank 0 (ray runtime): the
+        weights go from this process to the object store once, not through the driver."""
+        from tba.runtime.distributed import RayWeightStore
+
+        state = self.published_state(dtype_name)
+        if self.rank == 0:
+            RayWeightStore(board).publish(state, version)
+
     def policy_state(self) -> dict[str, torch.Tensor] | None:
         """The trainable part of the policy's state dict, gathered (rank 0; the others None)."""
         from tba.models.lora import policy_state
@@ -317,6 +327,10 @@ class TrainerRank:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def memory(self) -> dict[str, float]:
+        """This process's resident memory (GiB) before the model was loaded and now."""
+        return {"base_gb": self.base_rss / 2**30, "rss_gb": cpu_rss_bytes() / 2**30}
 
 
 class RankGroup:
@@ -372,11 +386,20 @@ class RankGroup:
         parts = split_groups(sizes, self.size)
         scales = rank_scales(batch, parts, self.cfg.objective.type)
         per_rank = self._call("update", [(sub_batch(batch, p), version, s) for p, s in zip(parts, scales, strict=True)])
+        self.last_rank_metrics = per_rank
         return combine_metrics(per_rank, [len(p) / batch.num_groups for p in parts], scales)
 
     def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-        name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        return self._call("published_state", [(name,)] * self.size)[0]
+        return self._call("published_state", [(_dtype_name(dtype),)] * self.size)[0]
+
+    def publish(self, store, version: int, dtype: torch.dtype | None) -> None:
+        """Publish the ranks' weights to ``store`` as ``version``: from rank 0 straight to a Ray weight
+        board (the ray runtime), else through this process."""
+        board = getattr(store, "board", None)
+        if board is None:
+            store.publish(self.published_state(dtype), version)
+        else:
+            self._call("publish", [(board, version, _dtype_name(dtype))] * self.size)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return self._call("policy_state", [()] * self.size)[0]
@@ -390,6 +413,9 @@ class RankGroup:
 
     def pids(self) -> list[int]:
         return self._call("pid", [()] * self.size)
+
+    def memory(self) -> list[dict[str, float]]:
+        return self._call("memory", [()] * self.size)
 
     def close(self) -> None:
         for actor in self.actors:
@@ -418,6 +444,10 @@ class RankGroup:
                         ) from None
                     raise TrainerRankFailed(f"trainer rank {r} failed in {method}; the run stops.\n{err}") from None
         return ray.get(refs)
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
 def _first_line(err: Exception) -> str:
