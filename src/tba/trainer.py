@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -46,9 +46,6 @@ from tba.objectives import (
 from tba.schedules import beta_at, lr_multiplier
 from tba.types import Batch, RolloutGroup
 from tba.weights import WeightStore
-
-if TYPE_CHECKING:
-    from tba.runtime.ranks import RankGroup
 
 
 def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
@@ -96,6 +93,24 @@ def plan_micro_batches(
     return plan
 
 
+class Ranks(Protocol):
+    """Trainer ranks that hold the sharded policy and its optimizer (``tba.runtime.ranks.RankGroup``)."""
+
+    size: int
+
+    def update(self, batch: Batch, version: int) -> dict[str, float]: ...
+
+    def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]: ...
+
+    def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None: ...
+
+    def policy_state(self) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, policy: dict[str, torch.Tensor], state: dict) -> None: ...
+
+
 class Trainer:
     def __init__(
         self,
@@ -110,7 +125,7 @@ class Trainer:
         max_new_tokens: int | None = None,
         precision: Precision | None = None,
         publish_dtype: torch.dtype | None = None,
-        ranks: RankGroup | None = None,
+        ranks: Ranks | None = None,
     ):
         """``precision``: how ``model`` computes (default fp32); ``publish_dtype``: the dtype that
         published floating weights are cast to (the searchers' ``model.dtype``; None keeps them).

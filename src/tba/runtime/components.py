@@ -77,6 +77,11 @@ class Components:
     policy_path: str
     evaluator: Evaluator | None = None  # of the policy, built on first evaluation
 
+    def close(self) -> None:
+        """Stop what runs outside this process for these parts (the trainer's ranks, if any)."""
+        if self.trainer.ranks is not None:
+            self.trainer.ranks.close()
+
 
 def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging

@@ -298,7 +298,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     watchdog = _start_watchdog(cfg)
     started_ray, old_sigterm = False, None
     actors, metrics, background = [], None, None
-    inbox = None
+    inbox, c = None, None
     try:
         # the trainer's own GPU is kept from Ray, unless ranks train (they get theirs from Ray)
         started_ray = _init_ray(cfg, resolve_device(cfg.run.device) if cfg.trainer.num_ranks == 1 else None)
@@ -347,6 +347,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             background.stop()
         if metrics is not None:
             metrics.close()  # whatever happened, what was logged stays on disk
+        if c is not None:
+            c.close()
         if started_ray:
             ray.shutdown()
         _stop_watchdog(watchdog)

@@ -22,9 +22,11 @@ rank's loss is weighted by its share of the batch, so a step equals the 1-rank t
 the whole batch. ``trainer.precision=bf16-mixed`` becomes FSDP2's mixed-precision policy (bf16
 weights gathered for compute, gradients reduced in fp32, fp32 master shards).
 
-Publication and checkpoints gather full tensors to rank 0 (on its CPU), which hands them to the
-driver: the weight store and the checkpoint format are those of the 1-rank trainer (a Hugging
-Face folder for the weights), with the optimizer state gathered by parameter name.
+Publication and checkpoints gather full tensors to rank 0 (on its CPU). Rank 0 puts published
+weights on the ray runtime's weight board itself (once into Ray's object store, not through the
+driver); in the sync runtime, and for checkpoints, it hands them to the driver. The weight store and
+the checkpoint format are those of the 1-rank trainer (a Hugging Face folder for the weights), with
+the optimizer state gathered by parameter name.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def combine_metrics(per_rank: list[dict[str, float]], sizes: list[float], scales
     """One step's metrics from the ranks' own (``sizes``: each rank's fraction of the groups,
     ``scales``: of the loss)."""
     out: dict[str, float] = {}
-    for key in per_rank[0]:
+    for key in dict.fromkeys(k for m in per_rank for k in m):  # every rank's keys, in order
         values = [m[key] for m in per_rank if key in m]
         if key in _SHARED:
             out[key] = values[0]
@@ -125,7 +127,7 @@ def combine_metrics(per_rank: list[dict[str, float]], sizes: list[float], scales
         elif key.startswith("rank/"):
             continue
         elif key == "train/loss":
-            out[key] = sum(v * s for v, s in zip(values, scales, strict=True))
+            out[key] = sum(m[key] * s for m, s in zip(per_rank, scales, strict=True) if key in m)
         else:
             out[key] = sum(m[key] * s for m, s in zip(per_rank, sizes, strict=True) if key in m) / sum(
                 s for m, s in zip(per_rank, sizes, strict=True) if key in m
@@ -166,8 +168,8 @@ def shard_policy(model: torch.nn.Module, precision: Precision) -> torch.nn.Modul
 @torch.no_grad()
 def load_sharded(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, rank: int) -> None:
     """Copy full tensors, held by rank 0 (``state``; None elsewhere), into each rank's shards of the
-    parameters of the same names, in place. (In place: torch's ``set_model_state_dict`` gives FSDP2
-    parameters new shards, which the next all-gather does not read.) Every rank calls this."""
+    parameters of the same names, in place (the parameters that FSDP2 and the optimizer hold stay
+    the same objects). Every rank calls this."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -247,16 +249,11 @@ class TrainerRank:
             precision=precision,
         )
         self.peak = PeakMemory(device)
-        from torch.distributed.fsdp import FSDPModule
-
-        self.fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
 
     def update(self, batch: Batch, version: int, scale: float) -> dict[str, float]:
         t = self.trainer
         t.version = version
         metrics = t.update(batch, scale)
-        for m in self.fsdp_modules:  # a unit whose inputs need no gradient (under a LoRA adapter's frozen
-            m.reshard()  # embeddings) can keep its gathered weights past the step: gather the new ones next time
         metrics["rank/peak_memory_gb"] = self.peak.read()
         return metrics
 
@@ -343,7 +340,7 @@ class RankGroup:
         """``initial``: weights to start from instead of what each rank loads (a LoRA adapter's
         initialisation, so that the ranks start where the driver's copy does)."""
         n = cfg.trainer.num_ranks
-        self.size, self.cfg = n, cfg
+        self.size, self.cfg, self.closed = n, cfg, False
         gpu = cfg.run.device != "cpu" and torch.cuda.is_available()
         cpus = rank_cpus(cfg)
         bundle = {"GPU": 1, "CPU": cpus} if gpu else {"CPU": cpus}
@@ -356,9 +353,11 @@ class RankGroup:
         self.group = placement_group([bundle] * n, strategy="STRICT_PACK")
         if not _wait(self.group.ready(), 120):
             remove_placement_group(self.group)
+            free = ray.available_resources()
             raise ConfigError(
                 f"trainer.num_ranks={n} needs {n} x {bundle} on one node and Ray could not place them within "
-                f"120 s (free now: {ray.available_resources()}); lower trainer.num_ranks or runtime.rank_cpus"
+                f"120 s (free now: {free.get('CPU', 0):g} CPUs, {free.get('GPU', 0):g} GPUs); lower "
+                "trainer.num_ranks or runtime.rank_cpus"
             )
         threads = max(1, int(cpus))
         data = cfg.model_dump(mode="json")
@@ -418,6 +417,10 @@ class RankGroup:
         return self._call("memory", [()] * self.size)
 
     def close(self) -> None:
+        """Stop the ranks and free their placement group (again: nothing)."""
+        if self.closed:
+            return
+        self.closed = True
         for actor in self.actors:
             ray.kill(actor)
         remove_placement_group(self.group)

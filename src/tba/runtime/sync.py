@@ -54,9 +54,10 @@ def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     cfg, run_dir, prepared = open_run(cfg, chatter)
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     c = build_components(cfg, log, prepared=prepared)
-    resumed = cfg.run.resume and resume(c, run_dir, log)
-    metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
+    metrics = None
     try:
+        resumed = cfg.run.resume and resume(c, run_dir, log)
+        metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
         initial = {}
         if not resumed:  # (a resume republished what the searcher loads next)
             c.trainer.publish()  # the searcher starts from the trainer's weights
@@ -64,7 +65,9 @@ def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             metrics.log(0, initial)
         _train(c, cfg, run_dir, metrics, initial)
     finally:
-        metrics.close()  # whatever happened, what was logged stays on disk
+        if metrics is not None:
+            metrics.close()  # whatever happened, what was logged stays on disk
+        c.close()
     summary = write_summary(run_dir, c, cfg, start)
     plot_run(run_dir, eval_key(c))
     print_summary(console, summary, cfg, run_dir)
