@@ -229,7 +229,7 @@ def test_searcher_buffer_trainer_round_trip_raises_reward(tokenizer):
 
     class TwoPrompts(ArithmeticTask):
         def sample_prompts(self, n, rng):
-            return [self._prompt(2, "+", 2), self._prompt(3, "+", 1)] * (n // 2)
+            return [self._prompt((2, "+", 2)), self._prompt((3, "+", 1))] * (n // 2)
 
         def reward(self, prompt, completion):
             return 1.0 if completion[:1] in "01234" and completion else 0.0

@@ -101,12 +101,24 @@ class ArithmeticTaskConfig(_Section):
     """Problems in the held-out evaluation split (never used for training)."""
     seed: int = 1234
     """Seed of the train/eval split (independent of ``run.seed`` so splits match across runs)."""
+    terms: int = Field(2, ge=2, le=6)
+    """Operands per problem: ``3+4-5+8=`` has 4, computed left to right."""
+    show_work: bool = False
+    """Completions write each step with its intermediate result, ``3+4=7 7-5=2 2+8=10``, and the
+    reward checks the number after the last ``=``: completions of (terms − 1) steps (about 20-30
+    tokens at 1 digit and 5 terms), for studies that need more than a 2-4 token answer. The demo
+    model is warm-started on such worked solutions."""
 
     @model_validator(mode="after")
     def _check_operators(self) -> ArithmeticTaskConfig:
         bad = sorted(set(self.operators) - set("+-*"))
         if bad or not self.operators:
             raise ValueError(f"operators must be a non-empty subset of '+-*', got {self.operators!r}")
+        if self.terms > 2 and "*" in self.operators:
+            raise ValueError(
+                f"task.terms={self.terms} chains operations left to right, which '*' would read against the usual "
+                "precedence; use operators '+-' with chains"
+            )
         return self
 
 
@@ -405,6 +417,18 @@ class ObjectiveConfig(_Section):
     """``tb``: multiply the loss by β² so annealing β does not change the effective step size."""
     ref_reset_every: int | None = Field(None, ge=1)
     """``tb``: every ρ trainer steps the reference becomes the current policy (the paper's TBA′)."""
+    tb_trust_region: float | None = Field(None, gt=0)
+    """``tb`` on stale data: drop a completion's term when its gradient would push the policy further
+    than τ from the sampler in length-normalised log-ratio (PPO's clip on the TB residual). Typical: 0.2."""
+    tb_m2_threshold: float | None = Field(None, gt=0)
+    """``tb`` on stale data: drop the completions whose mean squared token log-ratio to the sampler is
+    largest, until the batch's mean of it is at most this (M2PO's rule, per sequence). Typical: 0.04."""
+    tb_huber: float | None = Field(None, gt=0)
+    """``tb``: Huber form of the squared residual, linear beyond |residual| = κ (bounds each
+    completion's pull on the policy)."""
+    tb_ess_lr: bool = False
+    """``tb`` on stale data: each step's learning rate times the effective sample size (a fraction) of
+    the batch's sequence importance weights π/π_sampler (VCPO's idea): 1 on-policy, small when stale."""
     clip_eps: float = Field(0.2, gt=0, lt=1)
     """Ratio clipping ε of ``grpo``, ``dr_grpo``, ``ppo`` and proximal ``rloo``."""
     kl_coef: float = Field(0.0, ge=0)
@@ -426,6 +450,13 @@ class ObjectiveConfig(_Section):
             raise ValueError(
                 "beta_final needs beta_anneal_steps > 0 (or beta_final_from): set one of them, or unset beta_final"
             )
+        variants = [
+            f"objective.{key}"
+            for key in ("tb_trust_region", "tb_m2_threshold", "tb_huber")
+            if getattr(self, key) is not None
+        ] + (["objective.tb_ess_lr"] if self.tb_ess_lr else [])
+        if variants and self.type != "tb":
+            raise ValueError(f"{', '.join(variants)} change(s) trajectory balance: set objective.type=tb or unset it")
         if self.tis_cap is not None and self.type in ("tb", "online_dpo"):
             raise ValueError(
                 f"objective.tis_cap weights the ratio objectives (grpo, dr_grpo, ppo, rloo) by π_trainer/π_sampler; "
@@ -436,8 +467,11 @@ class ObjectiveConfig(_Section):
     @property
     def needs_sampler_logps(self) -> bool:
         """Whether searchers must record the sampling policy's per-token log-probs."""
-        return self.type in ("grpo", "dr_grpo", "ppo") or (
-            self.type == "rloo" and (self.rloo_proximal or self.tis_cap is not None)
+        tb_variant = self.tb_trust_region is not None or self.tb_m2_threshold is not None or self.tb_ess_lr
+        return (
+            self.type in ("grpo", "dr_grpo", "ppo")
+            or (self.type == "rloo" and (self.rloo_proximal or self.tis_cap is not None))
+            or (self.type == "tb" and tb_variant)
         )
 
 

@@ -35,6 +35,7 @@ from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
     grpo_loss,
+    normalised_ess,
     online_dpo_loss,
     ppo_loss,
     rloo_loss,
@@ -63,6 +64,17 @@ def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
     if fresh:
         out["train/lag_fresh"] = sum(fresh) / len(fresh)
     return out
+
+
+def gather_ranks(values: torch.Tensor) -> torch.Tensor:
+    """``values`` of every trainer rank, concatenated (this rank's alone outside a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, values.cpu())
+    return torch.cat(parts)
 
 
 def plan_micro_batches(
@@ -236,7 +248,14 @@ class Trainer:
         a rank's share of the step's batch, whose gradients the ranks sum."""
         o = self.objective
         beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
+        self._log_w = []
         metrics = self._accumulate_gradients(batch, beta, scale)
+        lr_scale = 1.0
+        if o.tb_ess_lr:  # this step's learning rate times the batch's ESS (the schedule resets it next step)
+            lr_scale = normalised_ess(gather_ranks(torch.cat(self._log_w)))
+            for group in self.optimizer.param_groups:
+                group["lr"] *= lr_scale
+            metrics["train/tb_ess"] = lr_scale
         params = [p for p in self.model.parameters() if p.requires_grad]
         clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
@@ -327,7 +346,23 @@ class Trainer:
         """The configured objective on one micro-batch of whole groups."""
         o, k = self.objective, self.group_size
         if o.type == "tb":
-            return tb_loss(logp, ref, reward, beta, k, scale_beta_sq=o.scale_beta_sq)
+            sampler = self._sampler_token_logps(rollouts, mask) if o.needs_sampler_logps else None
+            if o.tb_ess_lr:  # the sequences' log importance weights, for this step's learning rate
+                self._log_w.append(((token_logp.detach() - sampler) * mask).sum(1))
+            return tb_loss(
+                logp,
+                ref,
+                reward,
+                beta,
+                k,
+                scale_beta_sq=o.scale_beta_sq,
+                sampler_token_logp=sampler,
+                token_logp=token_logp,
+                mask=mask,
+                trust_region=o.tb_trust_region,
+                m2_threshold=o.tb_m2_threshold,
+                huber=o.tb_huber,
+            )
         if o.type == "online_dpo":
             return online_dpo_loss(logp, ref, reward, beta, k)
         if o.type == "rloo" and not o.needs_sampler_logps:

@@ -108,7 +108,7 @@ def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TinySpec
     for step in range(1, spec.max_steps + 1):
         batch = task.sample_prompts(spec.batch_size, rng)
         prompts = [tokenizer(p.text)["input_ids"] for p in batch]
-        targets = [tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [eos] for p in batch]
+        targets = [tokenizer(task.target(p), add_special_tokens=False)["input_ids"] + [eos] for p in batch]
         ids, attn, comp_mask, p_len = pack(prompts, targets, tokenizer.pad_token_id)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
@@ -118,7 +118,7 @@ def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TinySpec
         loss.backward()
         opt.step()
         if step % spec.check_every == 0:
-            acc = greedy_accuracy(model, tokenizer, task, valid)
+            acc = greedy_accuracy(model, tokenizer, task, valid, task.max_answer_tokens + 1)
             log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy {acc:.1%}")
             if acc >= spec.target_accuracy:
                 break
@@ -129,20 +129,31 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return Path(cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
 
 
+def tiny_model_path(task_cfg, cache_dir: str | None = None, spec: TinySpec = TinySpec()) -> Path:
+    """Where the demo checkpoint of this arithmetic setting is cached: named by a hash of the setting."""
+    setting = task_cfg.model_dump()
+    for name, default in (("terms", 2), ("show_work", False)):  # settings added later: keep the old caches' keys
+        if setting.get(name) == default:
+            setting.pop(name, None)
+    key = {"task": setting, "spec": asdict(spec)}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root(cache_dir) / f"tiny-arithmetic-{digest}"
+
+
 def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = TinySpec(), log=print) -> Path:
     """Path of the warm-started demo checkpoint for this arithmetic setting; built on first use."""
     if task_cfg.name != "arithmetic":
         raise ValueError(f"builtin:tiny-arithmetic is warm-started on the arithmetic task, not {task_cfg.name!r}")
-    key = {"task": task_cfg.model_dump(), "spec": asdict(spec)}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    path = cache_root(cache_dir) / f"tiny-arithmetic-{digest}"
+    path = tiny_model_path(task_cfg, cache_dir, spec)
     if (path / "warm_start.json").is_file():
         return path
     log(f"building the demo model (once; cached at {path})")
     torch.manual_seed(spec.seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, spec)
-    task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed)
+    task = ArithmeticTask(
+        task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms, task_cfg.show_work
+    )
     info = warm_start(model, tokenizer, task, spec, log)
     info["parameters"] = sum(p.numel() for p in model.parameters())
     path.parent.mkdir(parents=True, exist_ok=True)

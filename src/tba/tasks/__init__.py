@@ -14,7 +14,7 @@ __all__ = ["ArithmeticTask", "Prompt", "Task", "build_task", "TASKS"]
 
 
 def _arithmetic(cfg, **_) -> Task:
-    return ArithmeticTask(cfg.digits, cfg.operators, cfg.eval_size, cfg.seed)
+    return ArithmeticTask(cfg.digits, cfg.operators, cfg.eval_size, cfg.seed, cfg.terms, cfg.show_work)
 
 
 def _dataset(cfg, **kwargs) -> Task:

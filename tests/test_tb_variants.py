@@ -1,0 +1,155 @@
+"""Trajectory balance on stale data: the variants of ``objective.type=tb`` (a trust region on the
+residual, an M2PO-style second-moment mask, a Huber residual, an ESS-scaled step) against values
+computed by hand, and each one's cost on-policy (none for the three that read the sampler)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tests.test_tis import batch_and_trainer
+
+from tba.config import ConfigError, ObjectiveConfig, load_config
+from tba.objectives import huber_square, m2_keep, normalised_ess, tb_loss, tb_trust_region_keep
+
+T = torch.tensor
+
+
+def _one_prompt(shift: float):
+    """K = 2, β = 1: log π = (−1, −3), rewards (1, 0), reference 0, so δ = (−2, −3), log Ẑ = 2.5 and
+    the residuals are (0.5, −0.5). Two tokens each; the sampler's token log-probs are the policy's
+    minus ``shift``, so ℓ = shift for both completions."""
+    token_logp = T([[-0.5, -0.5], [-1.0, -2.0]], requires_grad=True)
+    logp = token_logp.sum(1)
+    mask = torch.ones(2, 2)
+    sampler = token_logp.detach() - shift
+    return token_logp, logp, mask, sampler
+
+
+def test_plain_tb_by_hand():
+    _, logp, _, _ = _one_prompt(0.0)
+    loss, m = tb_loss(logp, T([0.0, 0.0]), T([1.0, 0.0]), 1.0, 2)
+    assert loss.item() == pytest.approx(0.25) and m["log_z_mean"] == pytest.approx(2.5)
+
+
+def test_trust_region_drops_the_term_that_would_push_further_out():
+    token_logp, logp, mask, sampler = _one_prompt(0.3)  # π above μ on both: ℓ = 0.3 > τ
+    loss, m = tb_loss(
+        logp,
+        T([0.0, 0.0]),
+        T([1.0, 0.0]),
+        1.0,
+        2,
+        sampler_token_logp=sampler,
+        token_logp=token_logp,
+        mask=mask,
+        trust_region=0.1,
+    )
+    # ε₂ = −0.5 would raise log π(y₂) further above μ: dropped; ε₁ = +0.5 lowers it: kept
+    assert loss.item() == pytest.approx(0.25 / 2) and m["tb_dropped"] == pytest.approx(0.5)
+    loss.backward()
+    torch.testing.assert_close(token_logp.grad, T([[0.5, 0.5], [0.0, 0.0]]))  # 2ε₁/N on y₁'s tokens
+    # inside the band (ℓ = 0.05 ≤ τ) nothing is dropped: the plain loss
+    token_logp, logp, mask, sampler = _one_prompt(0.05)
+    loss, m = tb_loss(
+        logp,
+        T([0.0, 0.0]),
+        T([1.0, 0.0]),
+        1.0,
+        2,
+        sampler_token_logp=sampler,
+        token_logp=token_logp,
+        mask=mask,
+        trust_region=0.1,
+    )
+    assert loss.item() == pytest.approx(0.25) and m["tb_dropped"] == 0.0
+    # the rule alone, both directions
+    keep = tb_trust_region_keep(T([-1.0, 1.0, -1.0, 1.0, 0.0]), T([0.5, 0.5, -0.5, -0.5, 9.0]), 0.2)
+    assert keep.tolist() == [False, True, True, False, True]
+
+
+def test_m2_mask_drops_the_largest_second_moments_until_the_mean_fits():
+    # sorted: 0.25, 0.09, 0.01, 0.0; mean 0.0875 > 0.05; without 0.25: 0.1/3 = 0.033 <= 0.05
+    assert m2_keep(T([0.09, 0.01, 0.25, 0.0]), 0.05).tolist() == [True, True, False, True]
+    # without 0.25 and 0.09: 0.005 <= 0.02 (without 0.25 alone: 0.033 > 0.02)
+    assert m2_keep(T([0.09, 0.01, 0.25, 0.0]), 0.02).tolist() == [False, True, False, True]
+    assert m2_keep(T([0.09, 0.01]), 1.0).tolist() == [True, True]
+    assert m2_keep(T([0.5, 0.4]), 0.01).tolist() == [False, True]  # one is always kept
+    # in the loss: one completion's tokens are 0.5 off the sampler (m = 0.25), the other's agree
+    token_logp = T([[-0.5, -0.5], [-1.0, -2.0]], requires_grad=True)
+    sampler = token_logp.detach() - T([[0.5, 0.5], [0.0, 0.0]])
+    loss, m = tb_loss(
+        token_logp.sum(1),
+        T([0.0, 0.0]),
+        T([1.0, 0.0]),
+        1.0,
+        2,
+        sampler_token_logp=sampler,
+        token_logp=token_logp,
+        mask=torch.ones(2, 2),
+        m2_threshold=0.1,
+    )
+    assert loss.item() == pytest.approx(0.25 / 2) and m["tb_dropped"] == pytest.approx(0.5)
+
+
+def test_huber_residual_is_linear_beyond_kappa():
+    torch.testing.assert_close(huber_square(T([0.1, -0.5, 2.0]), 0.3), T([0.01, 0.21, 1.11]))
+    _, logp, _, _ = _one_prompt(0.0)
+    logp.retain_grad()
+    loss, m = tb_loss(logp, T([0.0, 0.0]), T([1.0, 0.0]), 1.0, 2, huber=0.3)
+    assert loss.item() == pytest.approx(0.21) and m["tb_huber_fraction"] == 1.0
+    loss.backward()
+    torch.testing.assert_close(logp.grad, T([0.3, -0.3]))  # 2κ·sign(ε)/N
+
+
+def test_normalised_ess_by_hand():
+    assert normalised_ess(T([0.0, 0.0, 0.0])) == pytest.approx(1.0)
+    # w = (1, e): (1 + e)² / (2 (1 + e²))
+    assert normalised_ess(T([0.0, 1.0])) == pytest.approx((1 + math.e) ** 2 / (2 * (1 + math.e**2)))
+    assert normalised_ess(T([0.0, -1000.0])) == pytest.approx(0.5)
+
+
+def _step(tokenizer, objective: ObjectiveConfig, shift: float, lr: float = 1e-3):
+    trainer, batch = batch_and_trainer(tokenizer, objective, shift=shift)
+    trainer.optimizer.param_groups[0]["lr"] = lr
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    metrics = trainer.update(batch)
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(trainer.model.parameters(), before, strict=True)])
+    return delta, metrics, trainer
+
+
+@pytest.mark.parametrize(
+    "setting", [{"tb_trust_region": 0.2}, {"tb_m2_threshold": 0.04}, {"tb_ess_lr": True}], ids=lambda s: next(iter(s))
+)
+def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
+    plain, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
+    variant, metrics, trainer = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, **setting), 0.0)
+    assert trainer.objective.needs_sampler_logps
+    assert plain.abs().max() > 0
+    torch.testing.assert_close(variant, plain, rtol=1e-5, atol=1e-9)
+    if "tb_ess_lr" in setting:
+        assert metrics["train/tb_ess"] == pytest.approx(1.0)
+    else:
+        assert metrics["train/tb_dropped"] == 0.0
+
+
+def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
+    """Sampler log-probs log 2 below the trainer's per token: sequences of different lengths get
+    different weights 2^|y|, the batch's ESS is below 1, and the step equals a plain TB step whose
+    learning rate is lr x ESS."""
+    variant, metrics, trainer = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, tb_ess_lr=True), -math.log(2))
+    _, batch = batch_and_trainer(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
+    lengths = torch.tensor([len(r.completion) for r in batch.rollouts], dtype=torch.float64)
+    ess = normalised_ess(lengths * math.log(2))
+    assert 0.5 < ess < 1 and metrics["train/tb_ess"] == pytest.approx(ess, rel=1e-6)
+    plain, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0, lr=1e-3 * ess)
+    torch.testing.assert_close(variant, plain, rtol=1e-4, atol=1e-9)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-4)  # next step: the schedule's again
+
+
+def test_variants_are_tb_settings():
+    with pytest.raises(ConfigError, match="objective.tb_trust_region.*objective.type=tb"):
+        load_config(None, ["--objective.type=grpo", "--objective.tb_trust_region=0.2"])
+    assert not ObjectiveConfig(type="tb", tb_huber=1.0).needs_sampler_logps  # the residual alone
+    assert ObjectiveConfig(type="tb", tb_m2_threshold=0.04).needs_sampler_logps
