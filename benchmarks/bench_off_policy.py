@@ -7,6 +7,8 @@
     .venv/bin/python benchmarks/bench_off_policy.py ablations --jobs 2   # part 5: the buffer's sampling settings
     .venv/bin/python benchmarks/bench_off_policy.py lr --lr 3e-5 --objectives tb --clips off --staleness 0 16 64
                                                                          # part 6: main at another learning rate
+    .venv/bin/python benchmarks/bench_off_policy.py variants --jobs 2    # part 7: trajectory balance's variants
+    .venv/bin/python benchmarks/bench_off_policy.py variants_long --jobs 2   # part 8: the same on worked chains
     .venv/bin/python benchmarks/bench_off_policy.py report               # tables and plots of what has run
 
 Every run is the real CLI in the ``sync`` runtime, where staleness is exact and independent of
@@ -30,6 +32,13 @@ on-policy; the first D steps see the initial weights). Parts:
   ``buffer.reward_inv_temp``, and the group size K.
 - ``lr``: ``main`` with every objective at the learning rate ``--lr`` instead of its on-policy
   best, to see whether an objective that suffers from stale data does better with smaller steps.
+- ``variants``: the settings of ``tb`` meant for stale data (``VARIANTS``: a trust region on the
+  residual, M2PO's second-moment mask, a Huber residual, an ESS-scaled step) at staleness
+  ``--staleness`` (default 0, 16, 64 here), clipping on, tb's on-policy best learning rate, seeds
+  ``--seeds``; plain ``tb`` and ``rloo_proximal`` (the best clipped objective at D = 64 in ``main``)
+  are the ``main`` part's runs with the same arguments, read from its results.
+- ``variants_long``: the same six on ``LONG``, chains of 5 one-digit operands whose completions
+  show each step (``task.show_work``: 20-30 tokens against the demo's 2-4), all six run here.
 
 Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 ``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
@@ -59,6 +68,16 @@ OBJECTIVES = ["tb", "rloo", "rloo_proximal", "ppo", "grpo", "dr_grpo", "online_d
 HARD = ["--task.digits=3"]
 OBJECTIVE_ARGS = {name: [f"--objective.type={name}"] for name in OBJECTIVES}
 OBJECTIVE_ARGS["rloo_proximal"] = ["--objective.type=rloo", "--objective.rloo_proximal=true"]
+# trajectory balance's settings for stale data, each at a typical value (see objective.tb_* in the config)
+VARIANTS = {
+    "tb_trust": ["--objective.type=tb", "--objective.tb_trust_region=0.2"],
+    "tb_m2": ["--objective.type=tb", "--objective.tb_m2_threshold=0.04"],
+    "tb_huber": ["--objective.type=tb", "--objective.tb_huber=1.0"],
+    "tb_ess": ["--objective.type=tb", "--objective.tb_ess_lr=true"],
+}
+OBJECTIVE_ARGS.update(VARIANTS)
+COMPARED = ["tb", *VARIANTS, "rloo_proximal"]  # the variants parts' rows
+LONG = ["--task.terms=5", "--task.digits=1", "--task.show_work=true", "--generation.max_new_tokens=40"]
 CLIP = {"on": "--trainer.grad_clip=1.0", "off": "--trainer.grad_clip=null"}
 # β annealed linearly (beta, beta_final, steps), as the paper does on GSM8K (0.014 -> 0.004) and TL;DR
 ANNEAL = (0.05, 0.005, 300)
@@ -168,6 +187,20 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                             # rloo_proximal runs agree evaluation for evaluation at every lr
                             same_as = run_name(a.part, "rloo", 0, clip, lr, seed)
                         jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta, same_as))
+    elif a.part in ("variants", "variants_long"):
+        best = best_lrs(a.out)
+        for seed in a.seeds:
+            for staleness in a.staleness:
+                for objective in a.objectives:
+                    base = "rloo_proximal" if objective == "rloo_proximal" else "tb"
+                    lr = best.get((base, "on"))
+                    if lr is None:
+                        sys.exit(f"no learning rate for {base} clip on: run the sweep part first")
+                    meta = {"part": a.part, "objective": objective, "staleness": staleness, "clip": "on"}
+                    meta |= {"lr": lr, "seed": seed}
+                    args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective], f"--trainer.lr={lr}"]
+                    args += [CLIP["on"], *(LONG if a.part == "variants_long" else [])]
+                    jobs.append((run_name(a.part, objective, staleness, "on", lr, seed), args, meta, None))
     elif a.part == "anneal":
         for seed in a.seeds:
             for objective in ("tb", "rloo"):
@@ -247,7 +280,8 @@ def build_models(part: str) -> None:
     from tba.config import load_config
     from tba.runtime.components import model_paths
 
-    model_paths(load_config(None, HARD if part == "hard" else []), log=lambda msg: print(msg, flush=True))
+    args = {"hard": HARD, "variants_long": LONG}.get(part, [])
+    model_paths(load_config(None, args), log=lambda msg: print(msg, flush=True))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -315,6 +349,7 @@ def report(a) -> None:
         plot_staleness(rows, a.out / f"staleness_{part}.png", part)
         plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every)
     report_lr(a)
+    report_variants(a)
     anneal = load(a.out, "anneal")
     if anneal:
         constant = [r for r in load(a.out, "main") if r["staleness"] == 0 and r["clip"] == "off"]
@@ -343,21 +378,69 @@ def report(a) -> None:
                 print(f"| {key} | {value:g}{mark} | {cell(accs)} | {statistics.mean(lags):.1f} | {len(accs)} |")
 
 
-def clip_panels():
-    """A figure with one panel for clipping on and one for off: (figure, [(axes, clip), ...])."""
+def variant_rows(a, part: str) -> list[dict]:
+    """The variants part's runs; for the demo, plain tb and rloo_proximal from the main part (the
+    same arguments: clipping on, the same learning rate, staleness and seeds)."""
+    rows = load(a.out, part)
+    if part == "variants" and rows:
+        levels, seeds = {r["staleness"] for r in rows}, {r["seed"] for r in rows}
+        rows += [
+            r
+            for r in load(a.out, "main")
+            if r["objective"] in ("tb", "rloo_proximal")
+            and r["clip"] == "on"
+            and r["staleness"] in levels
+            and r["seed"] in seeds
+        ]
+    return rows
+
+
+def report_variants(a) -> None:
+    for part, task in (("variants", "the demo (2-digit sums, 2-4 token answers)"), ("variants_long", "worked chains")):
+        rows = variant_rows(a, part)
+        if not rows:
+            continue
+        levels = sorted({r["staleness"] for r in rows})
+        seeds = sorted({r["seed"] for r in rows})
+        print(f"\n### {part}: trajectory balance's variants on {task}; accuracy by staleness D, ", end="")
+        print(f"mean ± std over seeds {seeds}\n")
+        print("| objective | lr | " + " | ".join(f"D={d}" for d in levels) + " | D=0 minus D=max | runs |")
+        print("|---|---:|" + "---:|" * (len(levels) + 2))
+        for objective in COMPARED:
+            mine = [r for r in rows if r["objective"] == objective]
+            if not mine:
+                continue
+            by = {d: [r[METRIC] for r in mine if r["staleness"] == d] for d in levels}
+            drop = (
+                statistics.mean(by[levels[0]]) - statistics.mean(by[levels[-1]])
+                if by[levels[0]] and by[levels[-1]]
+                else math.nan
+            )
+            gap = "-" if math.isnan(drop) else f"{drop * 100:+.1f} pts"
+            cells = " | ".join(cell(by[d]) for d in levels)
+            print(f"| {objective} | {mine[0]['lr']:g} | {cells} | {gap} | {len(mine)} |")
+        initial = statistics.mean(r["acc_initial"] for r in rows)
+        length = statistics.mean(r["completion_len"] for r in rows)
+        print(f"\ninitial accuracy {initial:.1%}; completions of {length:.1f} tokens on average (end token included)")
+        plot_staleness(rows, a.out / f"staleness_{part}.png", part, COMPARED, clips=("on",))
+        plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every, clip="on", objectives=COMPARED)
+
+
+def clip_panels(clips=("on", "off")):
+    """A figure with one panel per clipping setting: (figure, [(axes, clip), ...])."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    return fig, list(zip(axes, ("on", "off"), strict=True))
+    fig, axes = plt.subplots(1, len(clips), figsize=(5.5 * len(clips), 4), sharey=True, squeeze=False)
+    return fig, list(zip(axes[0], clips, strict=True))
 
 
 def save_panels(fig, ylabel: str, path: Path) -> None:
     axes = fig.axes
     axes[0].set_ylabel(ylabel)
-    axes[1].legend(fontsize=8)
+    axes[-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -399,11 +482,11 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
     save_panels(fig, "accuracy, mean of the last 3 evaluations", path)
 
 
-def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
+def plot_staleness(rows: list[dict], path: Path, part: str, objectives=OBJECTIVES, clips=("on", "off")) -> None:
     levels = sorted({r["staleness"] for r in rows})
-    fig, panels = clip_panels()
+    fig, panels = clip_panels(clips)
     for ax, clip in panels:
-        for objective in OBJECTIVES:
+        for objective in objectives:
             xs, ms, ss = [], [], []
             for i, d in enumerate(levels):
                 accs = [
@@ -425,7 +508,9 @@ def plot_staleness(rows: list[dict], path: Path, part: str) -> None:
     save_panels(fig, "accuracy (last 3 evaluations)", path)
 
 
-def plot_curves(rows: list[dict], path: Path, part: str, eval_every: int, clip: str = "off") -> None:
+def plot_curves(
+    rows: list[dict], path: Path, part: str, eval_every: int, clip: str = "off", objectives=OBJECTIVES
+) -> None:
     """Greedy accuracy against the trainer step, one panel per staleness D, one line per objective
     (mean over seeds): whether each run plateaued, and how the stale ones get there (or do not)."""
     import matplotlib
@@ -436,7 +521,7 @@ def plot_curves(rows: list[dict], path: Path, part: str, eval_every: int, clip: 
     levels = sorted({r["staleness"] for r in rows})
     fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels), 3.6), sharey=True, squeeze=False)
     for ax, d in zip(axes[0], levels, strict=True):
-        for objective in OBJECTIVES:
+        for objective in objectives:
             runs = [
                 r["evals"] for r in rows if r["objective"] == objective and r["clip"] == clip and r["staleness"] == d
             ]
@@ -455,11 +540,12 @@ def plot_curves(rows: list[dict], path: Path, part: str, eval_every: int, clip: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["sweep", "main", "hard", "anneal", "ablations", "lr", "report"])
-    parser.add_argument("--objectives", nargs="+", default=OBJECTIVES)
+    parts = ["sweep", "main", "hard", "anneal", "ablations", "lr", "variants", "variants_long", "report"]
+    parser.add_argument("part", choices=parts)
+    parser.add_argument("--objectives", nargs="+", choices=[*OBJECTIVES, *VARIANTS], help="default: the part's")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
     parser.add_argument("--lr", type=float, help="the lr part's learning rate, for every objective")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 16, 64])
+    parser.add_argument("--staleness", type=int, nargs="+", help="default: 0 4 16 64 (variants: 0 16 64)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--clips", nargs="+", choices=["on", "off"], default=["on", "off"], help="gradient clipping")
     parser.add_argument("--steps", type=int, default=400)
@@ -470,6 +556,11 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side; each gets cores/jobs torch threads")
     a = parser.parse_args()
+    variants = a.part.startswith("variants")
+    if a.objectives is None:
+        a.objectives = {"variants": list(VARIANTS), "variants_long": COMPARED}.get(a.part, OBJECTIVES)
+    if a.staleness is None:
+        a.staleness = [0, 16, 64] if variants else [0, 4, 16, 64]
     a.out.mkdir(parents=True, exist_ok=True)
     a.runs.mkdir(parents=True, exist_ok=True)
     if a.part == "report":
