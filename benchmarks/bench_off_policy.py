@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -295,6 +294,15 @@ def cell(values: list[float]) -> str:
     return f"{m:.1%} ± {s:.1%}" if len(values) > 1 else f"{m:.1%}"
 
 
+def staleness_cells(runs: list[dict], levels: list[int]) -> tuple[str, str]:
+    """A table row's cells: accuracy at each staleness level (mean ± std over the runs there), and
+    the loss from the first level to the last."""
+    by = {d: [r[METRIC] for r in runs if r["staleness"] == d] for d in levels}
+    first, last = by[levels[0]], by[levels[-1]]
+    gap = f"{(statistics.mean(first) - statistics.mean(last)) * 100:+.1f} pts" if first and last else "-"
+    return " | ".join(cell(by[d]) for d in levels), gap
+
+
 def load(out: Path, part: str) -> list[dict]:
     path = out / part / "results.json"
     return [r for r in json.loads(path.read_text()) if "error" not in r] if path.is_file() else []
@@ -332,14 +340,7 @@ def report(a) -> None:
                 mine = [r for r in rows if r["objective"] == objective and r["clip"] == clip]
                 if not mine:
                     continue
-                by = {d: [r[METRIC] for r in mine if r["staleness"] == d] for d in levels}
-                drop = (
-                    statistics.mean(by[levels[0]]) - statistics.mean(by[levels[-1]])
-                    if by[levels[0]] and by[levels[-1]]
-                    else math.nan
-                )
-                cells = " | ".join(cell(by[d]) for d in levels)
-                gap = "-" if math.isnan(drop) else f"{drop * 100:+.1f} pts"
+                cells, gap = staleness_cells(mine, levels)
                 print(f"| {objective} | {clip} | {mine[0]['lr']:g} | {cells} | {gap} |")
         initial = statistics.mean(r["acc_initial"] for r in rows)
         bad = sum(1 for r in rows if r["non_finite_losses"])
@@ -410,14 +411,7 @@ def report_variants(a) -> None:
             mine = [r for r in rows if r["objective"] == objective]
             if not mine:
                 continue
-            by = {d: [r[METRIC] for r in mine if r["staleness"] == d] for d in levels}
-            drop = (
-                statistics.mean(by[levels[0]]) - statistics.mean(by[levels[-1]])
-                if by[levels[0]] and by[levels[-1]]
-                else math.nan
-            )
-            gap = "-" if math.isnan(drop) else f"{drop * 100:+.1f} pts"
-            cells = " | ".join(cell(by[d]) for d in levels)
+            cells, gap = staleness_cells(mine, levels)
             print(f"| {objective} | {mine[0]['lr']:g} | {cells} | {gap} | {len(mine)} |")
         initial = statistics.mean(r["acc_initial"] for r in rows)
         length = statistics.mean(r["completion_len"] for r in rows)

@@ -33,36 +33,23 @@ def test_plain_tb_by_hand():
     assert loss.item() == pytest.approx(0.25) and m["log_z_mean"] == pytest.approx(2.5)
 
 
+def _trust_region_loss(shift: float, tau: float = 0.1):
+    token_logp, logp, mask, sampler = _one_prompt(shift)
+    loss, metrics = tb_loss(
+        logp, T([0.0, 0.0]), T([1.0, 0.0]), 1.0, 2, sampler_token_logp=sampler, token_logp=token_logp, mask=mask,
+        trust_region=tau,
+    )  # fmt: skip
+    return loss, metrics, token_logp
+
+
 def test_trust_region_drops_the_term_that_would_push_further_out():
-    token_logp, logp, mask, sampler = _one_prompt(0.3)  # π above μ on both: ℓ = 0.3 > τ
-    loss, m = tb_loss(
-        logp,
-        T([0.0, 0.0]),
-        T([1.0, 0.0]),
-        1.0,
-        2,
-        sampler_token_logp=sampler,
-        token_logp=token_logp,
-        mask=mask,
-        trust_region=0.1,
-    )
+    loss, m, token_logp = _trust_region_loss(0.3)  # π above μ on both: ℓ = 0.3 > τ
     # ε₂ = −0.5 would raise log π(y₂) further above μ: dropped; ε₁ = +0.5 lowers it: kept
     assert loss.item() == pytest.approx(0.25 / 2) and m["tb_dropped"] == pytest.approx(0.5)
     loss.backward()
     torch.testing.assert_close(token_logp.grad, T([[0.5, 0.5], [0.0, 0.0]]))  # 2ε₁/N on y₁'s tokens
     # inside the band (ℓ = 0.05 ≤ τ) nothing is dropped: the plain loss
-    token_logp, logp, mask, sampler = _one_prompt(0.05)
-    loss, m = tb_loss(
-        logp,
-        T([0.0, 0.0]),
-        T([1.0, 0.0]),
-        1.0,
-        2,
-        sampler_token_logp=sampler,
-        token_logp=token_logp,
-        mask=mask,
-        trust_region=0.1,
-    )
+    loss, m, _ = _trust_region_loss(0.05)
     assert loss.item() == pytest.approx(0.25) and m["tb_dropped"] == 0.0
     # the rule alone, both directions
     keep = tb_trust_region_keep(T([-1.0, 1.0, -1.0, 1.0, 0.0]), T([0.5, 0.5, -0.5, -0.5, 9.0]), 0.2)
