@@ -77,6 +77,16 @@ def gather_ranks(values: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def group_lengths(batch: Batch) -> list[tuple[int, int]]:
+    """(prompt length, longest completion) of each group of ``batch``, in tokens: the group's padded
+    size is group_size × their sum."""
+    k = batch.group_size
+    return [
+        (len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
+        for g in range(batch.num_groups)
+    ]
+
+
 def plan_micro_batches(
     sizes: list[tuple[int, int]], group_size: int, max_groups: int | None = None, max_tokens: int | None = None
 ) -> list[list[int]]:
@@ -250,7 +260,6 @@ class Trainer:
         beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
         self._log_w = []
         metrics = self._accumulate_gradients(batch, beta, scale)
-        lr_scale = 1.0
         if o.tb_ess_lr:  # this step's learning rate times the batch's ESS (the schedule resets it next step)
             lr_scale = normalised_ess(gather_ranks(torch.cat(self._log_w)))
             for group in self.optimizer.param_groups:
@@ -280,10 +289,7 @@ class Trainer:
 
     def _accumulate_gradients(self, batch: Batch, beta: float, scale: float = 1.0) -> dict[str, float]:
         k, n = self.group_size, batch.num_groups
-        sizes = [
-            (len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
-            for g in range(n)
-        ]
+        sizes = group_lengths(batch)
         plan = plan_micro_batches(sizes, k, self.cfg.micro_batch_prompts, self.cfg.micro_batch_tokens)
         self._count_oversize([k * (p + c) for p, c in sizes])
         weights = self._micro_batch_weights(batch, plan)

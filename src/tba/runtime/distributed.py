@@ -61,6 +61,7 @@ from tba.runtime.common import (
 )
 from tba.runtime.components import Components, build_components, build_searcher, seed_everything
 from tba.runtime.eval_actor import BackgroundEvaluation, Finished
+from tba.runtime.ranks import rank_cpus, searcher_cpus
 from tba.runtime.restarts import SearcherPool
 
 # Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
@@ -256,10 +257,8 @@ def _trainer_threads(cfg: Config) -> int:
         return cfg.runtime.trainer_cpus
     if cfg.runtime.address:  # searchers may be elsewhere: use this machine
         return os.cpu_count() or 1
-    taken = cfg.runtime.num_searchers * cfg.runtime.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
+    taken = searcher_cpus(cfg)
     if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
-        from tba.runtime.ranks import rank_cpus
-
         taken += cfg.trainer.num_ranks * rank_cpus(cfg)
     return max(1, int((os.cpu_count() or 1) - taken))
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import time
 import warnings
 
 import ray
@@ -47,6 +46,7 @@ from tba.config import Config, ConfigError, build_config
 from tba.models.logprobs import unwrap
 from tba.models.precision import PeakMemory, Precision, cast_floats, cpu_rss_bytes
 from tba.runtime.errors import TrainerRankFailed
+from tba.trainer import group_lengths
 from tba.types import Batch
 
 RANK_TIMEOUT_S = 1800.0
@@ -56,16 +56,19 @@ long before (its next call fails), which then stops the others; this only bounds
 _POLL_S = 1.0  # how often the driver checks that the ranks it waits for are alive
 
 
+def searcher_cpus(cfg: Config) -> float:
+    """The CPUs that the ray runtime reserves for its searchers and its evaluation actor."""
+    r = cfg.runtime
+    return r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
+
+
 def rank_cpus(cfg: Config) -> float:
     """``runtime.rank_cpus``, by default the local CPUs that searchers and evaluation leave (one kept
     for the ``tba train`` process in the sync runtime, which generates), split over the ranks."""
     r = cfg.runtime
     if r.rank_cpus is not None:
         return r.rank_cpus
-    if r.type == "ray":
-        taken = r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
-    else:
-        taken = 1
+    taken = searcher_cpus(cfg) if r.type == "ray" else 1
     return round(max(1.0, (os.cpu_count() or 1) - taken) / cfg.trainer.num_ranks, 4)
 
 
@@ -351,7 +354,7 @@ class RankGroup:
                 f"and {total.get('GPU', 0):g} GPUs in all; lower trainer.num_ranks or runtime.rank_cpus"
             )
         self.group = placement_group([bundle] * n, strategy="STRICT_PACK")
-        if not _wait(self.group.ready(), 120):
+        if not ray.wait([self.group.ready()], timeout=120)[0]:
             remove_placement_group(self.group)
             free = ray.available_resources()
             raise ConfigError(
@@ -377,11 +380,7 @@ class RankGroup:
         log(f"trainer: {n} ranks ({'NCCL on GPUs' if gpu else 'gloo on CPUs'}), FSDP2 per decoder layer")
 
     def update(self, batch: Batch, version: int) -> dict[str, float]:
-        k = batch.group_size
-        sizes = [
-            k * (len(batch.prompt_ids[g]) + max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
-            for g in range(batch.num_groups)
-        ]
+        sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
         scales = rank_scales(batch, parts, self.cfg.objective.type)
         per_rank = self._call("update", [(sub_batch(batch, p), version, s) for p, s in zip(parts, scales, strict=True)])
@@ -456,12 +455,3 @@ def _dtype_name(dtype: torch.dtype | None) -> str | None:
 def _first_line(err: Exception) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
-
-
-def _wait(ref, timeout_s: float) -> bool:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        ready, _ = ray.wait([ref], timeout=1.0)
-        if ready:
-            return True
-    return False
