@@ -9,6 +9,8 @@
                                                                          # part 6: main at another learning rate
     .venv/bin/python benchmarks/bench_off_policy.py variants --jobs 2    # part 7: trajectory balance's variants
     .venv/bin/python benchmarks/bench_off_policy.py variants_long --jobs 2   # part 8: the same on worked chains
+    .venv/bin/python benchmarks/bench_off_policy.py replay --jobs 2      # part 9: the same with the replay buffer
+    .venv/bin/python benchmarks/bench_off_policy.py replay_long --jobs 2
     .venv/bin/python benchmarks/bench_off_policy.py report               # tables and plots of what has run
 
 Every run is the real CLI in the ``sync`` runtime, where staleness is exact and independent of
@@ -33,12 +35,18 @@ on-policy; the first D steps see the initial weights). Parts:
 - ``lr``: ``main`` with every objective at the learning rate ``--lr`` instead of its on-policy
   best, to see whether an objective that suffers from stale data does better with smaller steps.
 - ``variants``: the settings of ``tb`` meant for stale data (``VARIANTS``: a trust region on the
-  residual, M2PO's second-moment mask, a Huber residual, an ESS-scaled step) against plain ``tb``
+  residual, with the band on the per-token or the sequence log-ratio, M2PO's second-moment mask, a
+  Huber residual, an ESS-scaled step) against plain ``tb``
   and ``rloo_proximal`` (the best clipped objective at D = 64 in ``main``) at staleness
   ``--staleness`` (default 0, 16, 64 here), clipping on, the on-policy best learning rates, seeds
   ``--seeds``. (Run here rather than taken from ``main``: the demo model has been rebuilt since.)
-- ``variants_long``: the same six on ``LONG``, chains of 5 one-digit operands whose completions
+- ``variants_long``: the same on ``LONG``, chains of 5 one-digit operands whose completions
   show each step (``task.show_work``: 20-30 tokens against the demo's 2-4).
+- ``replay`` / ``replay_long``: the paper's regime, where staleness comes from the replay buffer
+  (the demo's defaults: recency sampling m = 0.95, several uses of each completion) rather than from
+  ``fresh_only``, plus a searcher lag ``runtime.extra_lag`` D (default 0 and 16: the lag an
+  asynchronous run's searchers build up on a busy machine). Objectives ``REPLAY_COMPARED`` (plain
+  ``tb``, the two trust regions, ``rloo_proximal``), on the demo and on ``LONG``.
 
 Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 ``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
@@ -70,13 +78,29 @@ OBJECTIVE_ARGS["rloo_proximal"] = ["--objective.type=rloo", "--objective.rloo_pr
 # trajectory balance's settings for stale data, each at a typical value (see objective.tb_* in the config)
 VARIANTS = {
     "tb_trust": ["--objective.type=tb", "--objective.tb_trust_region=0.2"],
+    "tb_trust_seq": [
+        "--objective.type=tb",
+        "--objective.tb_trust_region=0.2",
+        "--objective.tb_trust_region_sequence=true",
+    ],
     "tb_m2": ["--objective.type=tb", "--objective.tb_m2_threshold=0.04"],
     "tb_huber": ["--objective.type=tb", "--objective.tb_huber=1.0"],
     "tb_ess": ["--objective.type=tb", "--objective.tb_ess_lr=true"],
 }
 OBJECTIVE_ARGS.update(VARIANTS)
+# the variants that only mask terms: on-policy (ratio 1 up to rounding, far inside any band) the mask
+# keeps every term and the loss is plain TB's; part 7's and part 8's first runs agreed with tb
+# evaluation for evaluation, so their on-policy runs are copies of tb's
+MASKS = ("tb_trust", "tb_trust_seq", "tb_m2")
 COMPARED = ["tb", *VARIANTS, "rloo_proximal"]  # the variants parts' rows
+REPLAY_COMPARED = ["tb", "tb_trust", "tb_trust_seq", "rloo_proximal"]  # the replay parts' rows
 LONG = ["--task.terms=5", "--task.digits=1", "--task.show_work=true", "--generation.max_new_tokens=40"]
+VARIANT_PARTS = {  # part: (task arguments, with the replay buffer, what the report calls the task)
+    "variants": ([], False, "the demo (2-digit sums, 2-4 token answers)"),
+    "variants_long": (LONG, False, "worked chains"),
+    "replay": ([], True, "the demo with the replay buffer"),
+    "replay_long": (LONG, True, "worked chains with the replay buffer"),
+}
 CLIP = {"on": "--trainer.grad_clip=1.0", "off": "--trainer.grad_clip=null"}
 # β annealed linearly (beta, beta_final, steps), as the paper does on GSM8K (0.014 -> 0.004) and TL;DR
 ANNEAL = (0.05, 0.005, 300)
@@ -140,9 +164,9 @@ def run_one(out: Path, name: str, args: list[str], meta: dict, same_as: str | No
     }
 
 
-def common_args(a, staleness: int, seed: int) -> list[str]:
+def common_args(a, staleness: int, seed: int, replay: bool = False) -> list[str]:
     return [
-        "--buffer.fresh_only=true",
+        f"--buffer.fresh_only={str(not replay).lower()}",
         f"--runtime.extra_lag={staleness}",
         f"--trainer.steps={a.steps}",
         f"--eval.every={a.eval_every}",
@@ -186,7 +210,8 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                             # rloo_proximal runs agree evaluation for evaluation at every lr
                             same_as = run_name(a.part, "rloo", 0, clip, lr, seed)
                         jobs.append((run_name(a.part, objective, staleness, clip, lr, seed), args, meta, same_as))
-    elif a.part in ("variants", "variants_long"):
+    elif a.part in VARIANT_PARTS:
+        task, replay, _ = VARIANT_PARTS[a.part]
         best = best_lrs(a.out)
         for seed in a.seeds:
             for staleness in a.staleness:
@@ -197,9 +222,12 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                         sys.exit(f"no learning rate for {base} clip on: run the sweep part first")
                     meta = {"part": a.part, "objective": objective, "staleness": staleness, "clip": "on"}
                     meta |= {"lr": lr, "seed": seed}
-                    args = [*common_args(a, staleness, seed), *OBJECTIVE_ARGS[objective], f"--trainer.lr={lr}"]
-                    args += [CLIP["on"], *(LONG if a.part == "variants_long" else [])]
-                    jobs.append((run_name(a.part, objective, staleness, "on", lr, seed), args, meta, None))
+                    args = [*common_args(a, staleness, seed, replay), *OBJECTIVE_ARGS[objective]]
+                    args += [f"--trainer.lr={lr}", CLIP["on"], *task]
+                    same_as = None
+                    if staleness == 0 and objective in MASKS and not replay:
+                        same_as = run_name(a.part, "tb", 0, "on", lr, seed)
+                    jobs.append((run_name(a.part, objective, staleness, "on", lr, seed), args, meta, same_as))
     elif a.part == "anneal":
         for seed in a.seeds:
             for objective in ("tb", "rloo"):
@@ -279,7 +307,7 @@ def build_models(part: str) -> None:
     from tba.config import load_config
     from tba.runtime.components import model_paths
 
-    args = {"hard": HARD, "variants_long": LONG}.get(part, [])
+    args = {"hard": HARD, **{name: task for name, (task, _, _) in VARIANT_PARTS.items()}}.get(part, [])
     model_paths(load_config(None, args), log=lambda msg: print(msg, flush=True))
 
 
@@ -380,7 +408,7 @@ def report(a) -> None:
 
 
 def report_variants(a) -> None:
-    for part, task in (("variants", "the demo (2-digit sums, 2-4 token answers)"), ("variants_long", "worked chains")):
+    for part, (_, replay, task) in VARIANT_PARTS.items():
         rows = load(a.out, part)
         if not rows:
             continue
@@ -399,6 +427,9 @@ def report_variants(a) -> None:
         initial = statistics.mean(r["acc_initial"] for r in rows)
         length = statistics.mean(r["completion_len"] for r in rows)
         print(f"\ninitial accuracy {initial:.1%}; completions of {length:.1f} tokens on average (end token included)")
+        if replay:  # the buffer adds its own staleness to D
+            lags = {d: statistics.mean(r["lag_mean"] for r in rows if r["staleness"] == d) for d in levels}
+            print("mean age of trained data: " + ", ".join(f"{lag:.1f} steps at D = {d}" for d, lag in lags.items()))
         plot_staleness(rows, a.out / f"staleness_{part}.png", part, COMPARED, clips=("on",))
         plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every, clip="on", objectives=COMPARED)
 
@@ -517,12 +548,12 @@ def plot_curves(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parts = ["sweep", "main", "hard", "anneal", "ablations", "lr", "variants", "variants_long", "report"]
+    parts = ["sweep", "main", "hard", "anneal", "ablations", "lr", *VARIANT_PARTS, "report"]
     parser.add_argument("part", choices=parts)
     parser.add_argument("--objectives", nargs="+", choices=[*OBJECTIVES, *VARIANTS], help="default: the part's")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
     parser.add_argument("--lr", type=float, help="the lr part's learning rate, for every objective")
-    parser.add_argument("--staleness", type=int, nargs="+", help="default: 0 4 16 64 (variants: 0 16 64)")
+    parser.add_argument("--staleness", type=int, nargs="+", help="default: 0 4 16 64 (variants: 0 16 64; replay: 0 16)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--clips", nargs="+", choices=["on", "off"], default=["on", "off"], help="gradient clipping")
     parser.add_argument("--steps", type=int, default=400)
@@ -533,11 +564,10 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side; each gets cores/jobs torch threads")
     a = parser.parse_args()
-    variants = a.part.startswith("variants")
     if a.objectives is None:
-        a.objectives = COMPARED if variants else OBJECTIVES
+        a.objectives = {"variants": COMPARED, "replay": REPLAY_COMPARED}.get(a.part.removesuffix("_long"), OBJECTIVES)
     if a.staleness is None:
-        a.staleness = [0, 16, 64] if variants else [0, 4, 16, 64]
+        a.staleness = {"variants": [0, 16, 64], "replay": [0, 16]}.get(a.part.removesuffix("_long"), [0, 4, 16, 64])
     a.out.mkdir(parents=True, exist_ok=True)
     a.runs.mkdir(parents=True, exist_ok=True)
     if a.part == "report":

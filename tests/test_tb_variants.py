@@ -33,11 +33,11 @@ def test_plain_tb_by_hand():
     assert loss.item() == pytest.approx(0.25) and m["log_z_mean"] == pytest.approx(2.5)
 
 
-def _trust_region_loss(shift: float, tau: float = 0.1):
+def _trust_region_loss(shift: float, tau: float = 0.1, sequence: bool = False):
     token_logp, logp, mask, sampler = _one_prompt(shift)
     loss, metrics = tb_loss(
         logp, T([0.0, 0.0]), T([1.0, 0.0]), 1.0, 2, sampler_token_logp=sampler, token_logp=token_logp, mask=mask,
-        trust_region=tau,
+        trust_region=tau, trust_region_sequence=sequence,
     )  # fmt: skip
     return loss, metrics, token_logp
 
@@ -54,6 +54,20 @@ def test_trust_region_drops_the_term_that_would_push_further_out():
     # the rule alone, both directions
     keep = tb_trust_region_keep(T([-1.0, 1.0, -1.0, 1.0, 0.0]), T([0.5, 0.5, -0.5, -0.5, 9.0]), 0.2)
     assert keep.tolist() == [False, True, True, False, True]
+
+
+def test_sequence_trust_region_measures_the_summed_log_ratio():
+    # two tokens each, 0.15 apart per token: ℓ = 0.15 is inside τ = 0.2, the sequence's 0.3 is not
+    loss, m, _ = _trust_region_loss(0.15, tau=0.2)
+    assert loss.item() == pytest.approx(0.25) and m["tb_dropped"] == 0.0
+    loss, m, token_logp = _trust_region_loss(0.15, tau=0.2, sequence=True)
+    assert loss.item() == pytest.approx(0.25 / 2) and m["tb_dropped"] == pytest.approx(0.5)
+    loss.backward()
+    torch.testing.assert_close(token_logp.grad, T([[0.5, 0.5], [0.0, 0.0]]))  # y₂ (ε < 0, raising) dropped
+    # below the sampler by 0.15 per token: now ε₁ > 0 (lowering y₁ further) is the one dropped
+    loss, m, token_logp = _trust_region_loss(-0.15, tau=0.2, sequence=True)
+    loss.backward()
+    torch.testing.assert_close(token_logp.grad, T([[0.0, 0.0], [-0.5, -0.5]]))
 
 
 def test_m2_mask_drops_the_largest_second_moments_until_the_mean_fits():
@@ -107,7 +121,14 @@ def _step(tokenizer, objective: ObjectiveConfig, shift: float, lr: float = 1e-3)
 
 
 @pytest.mark.parametrize(
-    "setting", [{"tb_trust_region": 0.2}, {"tb_m2_threshold": 0.04}, {"tb_ess_lr": True}], ids=lambda s: next(iter(s))
+    "setting",
+    [
+        {"tb_trust_region": 0.2},
+        {"tb_trust_region": 0.2, "tb_trust_region_sequence": True},
+        {"tb_m2_threshold": 0.04},
+        {"tb_ess_lr": True},
+    ],
+    ids=lambda s: "+".join(s),
 )
 def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
     plain, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
@@ -119,6 +140,18 @@ def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
         assert metrics["train/tb_ess"] == pytest.approx(1.0)
     else:
         assert metrics["train/tb_dropped"] == 0.0
+
+
+def test_trainer_passes_the_sequence_band(tokenizer):
+    """Sampler 0.15 below the trainer per token, completions of 2-3 tokens: inside a per-token band
+    of 0.2, outside a sequence band of 0.2, so only the sequence setting drops terms (those whose
+    residual is negative, about half)."""
+    per_token = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2)
+    _, metrics, _ = _step(tokenizer, per_token, -0.15)
+    assert metrics["train/tb_dropped"] == 0.0
+    sequence = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2, tb_trust_region_sequence=True)
+    _, metrics, _ = _step(tokenizer, sequence, -0.15)
+    assert 0.0 < metrics["train/tb_dropped"] < 1.0
 
 
 def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
@@ -138,5 +171,7 @@ def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
 def test_variants_are_tb_settings():
     with pytest.raises(ConfigError, match="objective.tb_trust_region.*objective.type=tb"):
         load_config(None, ["--objective.type=grpo", "--objective.tb_trust_region=0.2"])
+    with pytest.raises(ConfigError, match="tb_trust_region_sequence.*set objective.tb_trust_region too"):
+        load_config(None, ["--objective.tb_trust_region_sequence=true"])
     assert not ObjectiveConfig(type="tb", tb_huber=1.0).needs_sampler_logps  # the residual alone
     assert ObjectiveConfig(type="tb", tb_m2_threshold=0.04).needs_sampler_logps

@@ -420,6 +420,9 @@ class ObjectiveConfig(_Section):
     tb_trust_region: float | None = Field(None, gt=0)
     """``tb`` on stale data: drop a completion's term when its gradient would push the policy further
     than τ from the sampler in length-normalised log-ratio (PPO's clip on the TB residual). Typical: 0.2."""
+    tb_trust_region_sequence: bool = False
+    """``tb_trust_region`` on the sequence log-ratio (summed over tokens, as proximal RLOO clips it)
+    instead of its per-token mean: the band on a sequence's probability no longer widens with its length."""
     tb_m2_threshold: float | None = Field(None, gt=0)
     """``tb`` on stale data: drop the completions whose mean squared token log-ratio to the sampler is
     largest, until the batch's mean of it is at most this (M2PO's rule, per sequence). Typical: 0.04."""
@@ -455,6 +458,11 @@ class ObjectiveConfig(_Section):
             for key in ("tb_trust_region", "tb_m2_threshold", "tb_huber")
             if getattr(self, key) is not None
         ] + (["objective.tb_ess_lr"] if self.tb_ess_lr else [])
+        if self.tb_trust_region_sequence and self.tb_trust_region is None:
+            raise ValueError(
+                "objective.tb_trust_region_sequence says how tb_trust_region measures the log-ratio; "
+                "set objective.tb_trust_region too (typical: 0.2)"
+            )
         if variants and self.type != "tb":
             raise ValueError(f"{', '.join(variants)} change(s) trajectory balance: set objective.type=tb or unset it")
         if self.tis_cap is not None and self.type in ("tb", "online_dpo"):

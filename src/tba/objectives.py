@@ -57,6 +57,7 @@ def tb_loss(
     token_logp: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     trust_region: float | None = None,
+    trust_region_sequence: bool = False,
     m2_threshold: float | None = None,
     huber: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -74,6 +75,9 @@ def tb_loss(
       gradient would move π further out of the band |ℓ| ≤ τ: ε_j < 0 (the gradient raises
       log π(y_j)) with ℓ_j > τ, or ε_j > 0 (it lowers log π(y_j)) with ℓ_j < −τ. PPO's clip, carried
       to the TB residual, whose sign plays the advantage's part. loss = mean_j keep_j · ε_j².
+      With ``trust_region_sequence`` the band is on the sequence log-ratio L_j = |y_j|·ℓ_j instead
+      (what proximal RLOO clips): a per-token band of τ lets a sequence of |y| tokens move its
+      probability by up to e^(τ|y|), a sequence band by e^τ whatever its length.
     - ``m2_threshold`` τ₂ (:func:`m2_keep`, after M2PO): m_j = (1/|y_j|) Σ_t (log π_θ − log μ)²
       is each completion's second moment of token log-ratios; the completions with the largest
       m_j are dropped until the mean of m over those kept is at most τ₂. loss = mean_j keep_j · ε_j².
@@ -121,7 +125,8 @@ def tb_loss(
             token_ratio = (token_logp.detach() - sampler_token_logp.to(token_logp.dtype)) * mask
             lengths = mask.sum(dim=1).clamp(min=1)
             if trust_region is not None:
-                keep &= tb_trust_region_keep(residual.detach().reshape(-1), token_ratio.sum(1) / lengths, trust_region)
+                ratio = token_ratio.sum(1) if trust_region_sequence else token_ratio.sum(1) / lengths
+                keep &= tb_trust_region_keep(residual.detach().reshape(-1), ratio, trust_region)
             if m2_threshold is not None:
                 keep &= m2_keep(token_ratio.pow(2).sum(1) / lengths, m2_threshold)
         per = per * keep.view_as(per).to(per.dtype)
@@ -154,6 +159,7 @@ def huber_square(residual: torch.Tensor, kappa: float) -> torch.Tensor:
 
 def tb_trust_region_keep(residual: torch.Tensor, seq_log_ratio: torch.Tensor, tau: float) -> torch.Tensor:
     """``[N]`` bool: False where the TB gradient would push the policy further out of |ℓ| ≤ τ
+    (ℓ the log-ratio to the sampler, per token or per sequence)
     (ε < 0 raises log π(y): dropped when ℓ > τ; ε > 0 lowers it: dropped when ℓ < −τ)."""
     raises, lowers = residual < 0, residual > 0
     return ~((raises & (seq_log_ratio > tau)) | (lowers & (seq_log_ratio < -tau)))
