@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_load.py                       # 2 seeds x quiet/loaded x off/on
     .venv/bin/python benchmarks/bench_load.py --seeds 0 --steps 300
+    .venv/bin/python benchmarks/bench_load.py --objective tb_trust_seq --machines loaded \
+        --out benchmarks/results/load_tb_trust_seq      # another objective setting, only beside the hog
 
 Each run is the real CLI (``tba train``, the demo's defaults on the ray runtime) with only the seed,
 the bounds and the machine's load changed. "loaded": a busy-loop process (one core) runs beside the
@@ -11,6 +13,7 @@ before the bounds); "on" is the defaults. Printed per run: final greedy accuracy
 replay ratio over the run (trained samples per delivered sample), mean lag of trained data, the
 largest lag of data on arrival, and the trainer's total wait. Results go to ``--out``/results.json,
 one entry per run as it finishes; a rerun skips the runs already there (``--fresh`` starts over).
+``--objective`` trains with one of ``OBJECTIVES``' settings instead of the demo's plain ``tb``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from pathlib import Path
 from tba.metrics import read_metrics
 
 OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
+# trajectory balance as the demo trains it, and its trust regions for stale data
+OBJECTIVES = {
+    "tb": [],
+    "tb_trust": ["--objective.tb_trust_region=0.2"],
+    "tb_trust_seq": ["--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=true"],
+}
 
 
 def hog() -> subprocess.Popen:
@@ -34,8 +43,8 @@ def hog() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int | None) -> dict:
-    args = [sys.executable, "-m", "tba", "train", "--runtime.type=ray", f"--run.seed={seed}"]
+def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int | None, objective: str = "tb") -> dict:
+    args = [sys.executable, "-m", "tba", "train", "--runtime.type=ray", f"--run.seed={seed}", *OBJECTIVES[objective]]
     args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false"]
     args += ([] if bounds else OFF) + ([f"--trainer.steps={steps}"] if steps else [])
     busy = hog() if loaded else None
@@ -53,6 +62,7 @@ def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int 
     train = [r for r in read_metrics(out / name / "metrics.jsonl") if r.get("train/loss") is not None]
     return {
         "name": name,
+        "objective": objective,
         "seed": seed,
         "loaded": loaded,
         "bounds": bounds,
@@ -98,18 +108,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: the demo's)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load"))
     p.add_argument("--fresh", action="store_true", help="forget earlier results in --out")
+    p.add_argument("--objective", choices=list(OBJECTIVES), default="tb", help="the objective's setting")
+    p.add_argument("--machines", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     results_path = a.out / "results.json"
     done = [] if a.fresh or not results_path.is_file() else json.loads(results_path.read_text())["runs"]
     for seed in a.seeds:
-        for loaded in (False, True):
+        for loaded in [machine == "loaded" for machine in a.machines]:
             for bounds in (False, True):
                 name = f"{'loaded' if loaded else 'quiet'}-{'on' if bounds else 'off'}-s{seed}"
                 if any(r["name"] == name for r in done):
                     continue
                 shutil.rmtree(a.out / name, ignore_errors=True)  # an unfinished earlier attempt
-                row = run(a.out, name, seed, loaded, bounds, a.steps)
+                row = run(a.out, name, seed, loaded, bounds, a.steps, a.objective)
                 done.append(row)
                 results_path.write_text(json.dumps({"command": " ".join(sys.argv), "runs": done}, indent=2) + "\n")
                 print(f"{name}: {row['accuracy_final']:.1%} in {row['wall_s']:.0f} s, replay {row['replay_ratio']:.2f}")

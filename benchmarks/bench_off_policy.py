@@ -105,6 +105,9 @@ CLIP = {"on": "--trainer.grad_clip=1.0", "off": "--trainer.grad_clip=null"}
 # β annealed linearly (beta, beta_final, steps), as the paper does on GSM8K (0.014 -> 0.004) and TL;DR
 ANNEAL = (0.05, 0.005, 300)
 ABLATION_DEFAULTS = {"recent_prob": 0.95, "reward_inv_temp": 0.0, "group_size": 8}
+# the variants' own metrics (train/...), kept per run as their mean over steps: the share of
+# completions dropped, the share of residuals in Huber's linear part, the batch's normalised ESS
+ACTED = {"tb_dropped": "{:.1%} dropped", "tb_huber_fraction": "{:.0%} linear", "tb_ess": "mean ESS {:.2f}"}
 # What a run's accuracy is in the tables and plots: the mean of its last three greedy evaluations
 # (steps 300, 350 and 400 by default), less noisy than the last one alone.
 METRIC = "acc_last3"
@@ -148,6 +151,11 @@ def run_one(out: Path, name: str, args: list[str], meta: dict, same_as: str | No
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
     train = [r for r in records if "train/loss" in r]
+    acted = {  # how much a variant of tb acted, the mean over steps
+        key: statistics.mean(values)
+        for key in ACTED
+        if (values := [r[f"train/{key}"] for r in train if r.get(f"train/{key}") is not None])
+    }
     return {
         **meta,
         "name": name,
@@ -161,6 +169,7 @@ def run_one(out: Path, name: str, args: list[str], meta: dict, same_as: str | No
         "grad_norm_median": statistics.median(r["train/grad_norm"] for r in train if r["train/grad_norm"] is not None),
         "non_finite_losses": sum(1 for r in train if r["train/loss"] is None),
         "completion_len": statistics.mean(r["train/completion_len"] for r in train),
+        **acted,
     }
 
 
@@ -416,14 +425,21 @@ def report_variants(a) -> None:
         seeds = sorted({r["seed"] for r in rows})
         print(f"\n### {part}: trajectory balance's variants on {task}; accuracy by staleness D, ", end="")
         print(f"mean ± std over seeds {seeds}\n")
-        print("| objective | lr | " + " | ".join(f"D={d}" for d in levels) + " | D=0 minus D=max | runs |")
-        print("|---|---:|" + "---:|" * (len(levels) + 2))
+        header = " | ".join(f"D={d}" for d in levels)
+        print(f"| objective | lr | {header} | D=0 minus D=max | acted at D={levels[-1]} | runs |")
+        print("|---|---:|" + "---:|" * (len(levels) + 3))
         for objective in COMPARED:
             mine = [r for r in rows if r["objective"] == objective]
             if not mine:
                 continue
             cells, gap = staleness_cells(mine, levels)
-            print(f"| {objective} | {mine[0]['lr']:g} | {cells} | {gap} | {len(mine)} |")
+            last = [r for r in mine if r["staleness"] == levels[-1]]
+            acted = [
+                fmt.format(statistics.mean(r[key] for r in last))
+                for key, fmt in ACTED.items()
+                if last and all(key in r for r in last)
+            ]
+            print(f"| {objective} | {mine[0]['lr']:g} | {cells} | {gap} | {', '.join(acted)} | {len(mine)} |")
         initial = statistics.mean(r["acc_initial"] for r in rows)
         length = statistics.mean(r["completion_len"] for r in rows)
         print(f"\ninitial accuracy {initial:.1%}; completions of {length:.1f} tokens on average (end token included)")
