@@ -112,6 +112,8 @@ def main() -> None:
     p.add_argument("--machines", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    if not (a.out / ".gitignore").exists():
+        (a.out / ".gitignore").write_text("# run directories of bench_load.py: only results.json is kept\n*/\n")
     results_path = a.out / "results.json"
     done = [] if a.fresh or not results_path.is_file() else json.loads(results_path.read_text())["runs"]
     for seed in a.seeds:
