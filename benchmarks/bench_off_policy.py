@@ -11,6 +11,7 @@
     .venv/bin/python benchmarks/bench_off_policy.py variants_long --jobs 2   # part 8: the same on worked chains
     .venv/bin/python benchmarks/bench_off_policy.py replay --jobs 2      # part 9: the same with the replay buffer
     .venv/bin/python benchmarks/bench_off_policy.py replay_long --jobs 2
+    .venv/bin/python benchmarks/bench_off_policy.py trust_tau --jobs 2   # part 10: the sequence band's width
     .venv/bin/python benchmarks/bench_off_policy.py report               # tables and plots of what has run
 
 Every run is the real CLI in the ``sync`` runtime, where staleness is exact and independent of
@@ -47,6 +48,9 @@ on-policy; the first D steps see the initial weights). Parts:
   ``fresh_only``, plus a searcher lag ``runtime.extra_lag`` D (default 0 and 16: the lag an
   asynchronous run's searchers build up on a busy machine). Objectives ``REPLAY_COMPARED`` (plain
   ``tb``, the two trust regions, ``rloo_proximal``), on the demo and on ``LONG``.
+- ``trust_tau``: the sequence trust region (``tb_trust_seq``) on ``LONG`` at staleness
+  ``--staleness`` (default 64) with band widths ``--taus`` (default 0.05 to 2; 0.2 is part 8's
+  ``tb_trust_seq``, copied from it): whether a wider band keeps more of the stale data's signal.
 
 Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 ``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
@@ -101,6 +105,8 @@ VARIANT_PARTS = {  # part: (task arguments, with the replay buffer, what the rep
     "replay": ([], True, "the demo with the replay buffer"),
     "replay_long": (LONG, True, "worked chains with the replay buffer"),
 }
+TAUS = [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]  # trust_tau's band widths on the sequence log-ratio
+TAU_DEFAULT = 0.2  # VARIANTS' tb_trust_seq
 CLIP = {"on": "--trainer.grad_clip=1.0", "off": "--trainer.grad_clip=null"}
 # β annealed linearly (beta, beta_final, steps), as the paper does on GSM8K (0.014 -> 0.004) and TL;DR
 ANNEAL = (0.05, 0.005, 300)
@@ -237,6 +243,23 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                     if staleness == 0 and objective in MASKS and not replay:
                         same_as = run_name(a.part, "tb", 0, "on", lr, seed)
                     jobs.append((run_name(a.part, objective, staleness, "on", lr, seed), args, meta, same_as))
+    elif a.part == "trust_tau":
+        lr = best_lrs(a.out).get(("tb", "on"))
+        if lr is None:
+            sys.exit("no learning rate for tb clip on: run the sweep part first")
+        for seed in a.seeds:
+            for staleness in a.staleness:
+                for tau in a.taus:
+                    meta = {"part": a.part, "objective": "tb_trust_seq", "tau": tau, "staleness": staleness}
+                    meta |= {"clip": "on", "lr": lr, "seed": seed}
+                    args = [*common_args(a, staleness, seed), "--objective.type=tb"]
+                    args += [f"--objective.tb_trust_region={tau}", "--objective.tb_trust_region_sequence=true"]
+                    args += [f"--trainer.lr={lr}", CLIP["on"], *LONG]
+                    same_as = None
+                    if tau == TAU_DEFAULT:  # exactly part 8's tb_trust_seq (VARIANTS' arguments, in order)
+                        same_as = run_name("variants_long", "tb_trust_seq", staleness, "on", lr, seed)
+                    name = run_name(a.part, "tb_trust_seq", staleness, "on", lr, seed, f"-tau{tau:g}")
+                    jobs.append((name, args, meta, same_as))
     elif a.part == "anneal":
         for seed in a.seeds:
             for objective in ("tb", "rloo"):
@@ -316,7 +339,8 @@ def build_models(part: str) -> None:
     from tba.config import load_config
     from tba.runtime.components import model_paths
 
-    args = {"hard": HARD, **{name: task for name, (task, _, _) in VARIANT_PARTS.items()}}.get(part, [])
+    tasks = {"hard": HARD, "trust_tau": LONG, **{name: task for name, (task, _, _) in VARIANT_PARTS.items()}}
+    args = tasks.get(part, [])
     model_paths(load_config(None, args), log=lambda msg: print(msg, flush=True))
 
 
@@ -388,6 +412,7 @@ def report(a) -> None:
         plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every)
     report_lr(a)
     report_variants(a)
+    report_tau(a)
     anneal = load(a.out, "anneal")
     if anneal:
         constant = [r for r in load(a.out, "main") if r["staleness"] == 0 and r["clip"] == "off"]
@@ -448,6 +473,59 @@ def report_variants(a) -> None:
             print("mean age of trained data: " + ", ".join(f"{lag:.1f} steps at D = {d}" for d, lag in lags.items()))
         plot_staleness(rows, a.out / f"staleness_{part}.png", part, COMPARED, clips=("on",))
         plot_curves(rows, a.out / f"curves_{part}.png", part, a.eval_every, clip="on", objectives=COMPARED)
+
+
+def report_tau(a) -> None:
+    """The sequence band's width against accuracy on worked chains, with part 8's references."""
+    rows = load(a.out, "trust_tau")
+    if not rows:
+        return
+    levels = sorted({r["staleness"] for r in rows})
+    taus = sorted({r["tau"] for r in rows})
+    seeds = sorted({r["seed"] for r in rows})
+    print("\n### trust_tau: the sequence trust region's width τ on worked chains; accuracy by staleness D, ", end="")
+    print(f"mean ± std over seeds {seeds}\n")
+    print("| τ | " + " | ".join(f"D={d}" for d in levels) + f" | dropped at D={levels[-1]} | runs |")
+    print("|---|" + "---:|" * (len(levels) + 2))
+    for tau in taus:
+        mine = [r for r in rows if r["tau"] == tau]
+        cells, _ = staleness_cells(mine, levels)
+        last = [r["tb_dropped"] for r in mine if r["staleness"] == levels[-1] and "tb_dropped" in r]
+        dropped = f"{statistics.mean(last):.1%}" if last else "-"
+        print(f"| {tau:g} | {cells} | {dropped} | {len(mine)} |")
+    long = load(a.out, "variants_long")
+    refs = {}  # label: accuracies (part 8's runs, the same seeds)
+    for objective, d in [("tb", 0), *((o, d) for o in ("tb", "rloo_proximal") for d in levels)]:
+        accs = [r[METRIC] for r in long if r["objective"] == objective and r["staleness"] == d and r["seed"] in seeds]
+        if accs:
+            refs[f"{objective}, D = {d}"] = accs
+    if refs:
+        print("\npart 8's runs for reference: " + "; ".join(f"{k}: {cell(v)}" for k, v in refs.items()))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d in levels:
+        points = [
+            (t, *mean_std(accs))
+            for t in taus
+            if (accs := [r[METRIC] for r in rows if r["tau"] == t and r["staleness"] == d])
+        ]
+        xs, ms, ss = zip(*points, strict=True)
+        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=f"tb_trust_seq, D = {d}")
+    styles = ["-", "--", ":", "-."]
+    for i, (label, accs) in enumerate(refs.items()):
+        ax.axhline(statistics.mean(accs), color="gray", linestyle=styles[i % 4], linewidth=1, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("τ, the band on the sequence log-ratio to the sampler")
+    ax.set_ylabel("accuracy (last 3 evaluations)")
+    ax.set_title("trust_tau: worked chains")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(a.out / "trust_tau.png", dpi=110)
 
 
 def clip_panels(clips=("on", "off")):
@@ -564,13 +642,14 @@ def plot_curves(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parts = ["sweep", "main", "hard", "anneal", "ablations", "lr", *VARIANT_PARTS, "report"]
+    parts = ["sweep", "main", "hard", "anneal", "ablations", "lr", *VARIANT_PARTS, "trust_tau", "report"]
     parser.add_argument("part", choices=parts)
     parser.add_argument("--objectives", nargs="+", choices=[*OBJECTIVES, *VARIANTS], help="default: the part's")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
     parser.add_argument("--lr", type=float, help="the lr part's learning rate, for every objective")
     parser.add_argument("--staleness", type=int, nargs="+", help="default: 0 4 16 64 (variants: 0 16 64; replay: 0 16)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--taus", type=float, nargs="+", default=TAUS, help="trust_tau's band widths")
     parser.add_argument("--clips", nargs="+", choices=["on", "off"], default=["on", "off"], help="gradient clipping")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--eval-every", type=int, default=50)
@@ -583,7 +662,8 @@ def main() -> None:
     if a.objectives is None:
         a.objectives = {"variants": COMPARED, "replay": REPLAY_COMPARED}.get(a.part.removesuffix("_long"), OBJECTIVES)
     if a.staleness is None:
-        a.staleness = {"variants": [0, 16, 64], "replay": [0, 16]}.get(a.part.removesuffix("_long"), [0, 4, 16, 64])
+        defaults = {"variants": [0, 16, 64], "replay": [0, 16], "trust_tau": [64]}
+        a.staleness = defaults.get(a.part.removesuffix("_long"), [0, 4, 16, 64])
     a.out.mkdir(parents=True, exist_ok=True)
     a.runs.mkdir(parents=True, exist_ok=True)
     if a.part == "report":
