@@ -165,6 +165,26 @@ def synthetic_groups(tokenizer, n_prompts=6, k=4, version=0, seed=0):
     return groups
 
 
+def test_trainer_skip_advances_version_schedule_and_publications_without_an_update(tiny_model, tokenizer):
+    weights = LocalWeightStore()
+    trainer = make_trainer(tiny_model, tokenizer, ReplayBuffer(capacity=100, seed=0), weights, warmup_steps=4)
+    trainer.publish()
+    before = [p.detach().clone() for p in tiny_model.parameters()]
+    first = trainer.skip()
+    assert trainer.version == 1 and weights.latest_version() == 0  # sync_interval 2: no publication yet
+    assert first["train/empty_steps"] == first["train/skipped_steps"] == 1.0
+    assert first["train/lr"] == pytest.approx(1e-3 * 2 / 5)  # warm-up's second value: the schedule moved on
+    second = trainer.skip()
+    assert trainer.version == 2 and weights.latest_version() == 2 and "train/publish_s" in second
+    assert all(torch.equal(a, b) for a, b in zip(before, tiny_model.parameters(), strict=True))
+    assert trainer.optimizer.state == {}  # AdamW took no step: its moments were not touched
+    state = trainer.state_dict()
+    again = make_trainer(tiny_model, tokenizer, ReplayBuffer(capacity=100, seed=0), LocalWeightStore(), warmup_steps=4)
+    again.load_state_dict(state)
+    assert (again.version, again.empty_steps, again.skipped_steps) == (2, 2, 2)
+    assert again.optimizer.param_groups[0]["lr"] == pytest.approx(trainer.optimizer.param_groups[0]["lr"])
+
+
 def test_trainer_steps_publish_and_track_versions(tiny_model, tokenizer):
     buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
     weights = LocalWeightStore()

@@ -182,6 +182,13 @@ def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
         assert mb["train/loss"] == pytest.approx(ma["train/loss"], rel=1e-6)
         pa, pb = a.trainer.published_state(), b.trainer.published_state()
         assert all(torch.equal(pa[k], pb[k]) for k in pa)
+        # a step with nothing to train on: every rank's schedule moves on, no weight does
+        epoch = a.trainer.state_dict()["scheduler"]["last_epoch"]
+        skipped = a.trainer.skip()
+        assert a.trainer.version == 3 and skipped["train/skipped_steps"] == skipped["train/empty_steps"] == 1.0
+        after = a.trainer.state_dict()
+        assert after["scheduler"]["last_epoch"] == epoch + 1 and after["empty_steps"] == 1
+        assert all(torch.equal(a.trainer.published_state()[k], pa[k]) for k in pa)
     finally:
         a.trainer.ranks.close()
         b.trainer.ranks.close()

@@ -118,3 +118,43 @@ def test_extra_lag_makes_the_searcher_exactly_d_versions_behind(tmp_path, demo_c
 def test_staleness_settings_that_cannot_work_are_refused(args, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, args)
+
+
+def test_a_step_whose_groups_were_all_dropped_is_skipped_not_a_crash(tmp_path, demo_cache, monkeypatch):
+    """A policy that only answers with the end token makes the searcher drop every group of a
+    step (empty completions are skipped): with ``fresh_only`` there is nothing to train on. The
+    step is counted and skipped, the version, schedule and publications advance as after a step,
+    and the run goes on to its last step."""
+    plain = staleness_run(tmp_path, demo_cache, "plain", "--trainer.steps=6")
+    from tba.searcher import Searcher
+
+    step, calls = Searcher.step, []
+
+    def drop_second_and_third(self):
+        groups = step(self)
+        calls.append(len(groups))
+        return [] if len(calls) in (2, 3) else groups
+
+    monkeypatch.setattr(Searcher, "step", drop_second_and_third)
+    cfg = load_config(
+        None,
+        [
+            *SYNC,
+            "--buffer.fresh_only=true",
+            "--eval.every=100",
+            "--eval.limit=4",
+            "--trainer.steps=6",
+            f"--model.cache_dir={demo_cache}",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=empty",
+        ],
+    )
+    run_dir, _ = run_sync(cfg)
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == list(range(1, 7)) and all(n > 0 for n in calls)
+    assert [r["train/empty_steps"] for r in records] == [0, 1, 2, 2, 2, 2]
+    assert [r["train/skipped_steps"] for r in records] == [0, 1, 2, 2, 2, 2]
+    assert ["train/loss" in r for r in records] == [True, False, False, True, True, True]
+    assert [r["searcher/version"] for r in records] == [0, 1, 2, 3, 4, 5]  # published every step all the same
+    assert [r["train/lr"] for r in records] == pytest.approx([r["train/lr"] for r in plain])  # the schedule too
+    assert records[0]["train/loss"] == pytest.approx(plain[0]["train/loss"])  # the same run until the drop

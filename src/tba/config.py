@@ -500,7 +500,9 @@ class BufferConfig(_Section):
     """On-policy training without replay (``runtime.type=sync``): each step trains on exactly the
     groups generated for it (``generation.prompts_per_batch`` = ``trainer.batch_prompts``), every
     completion as sampled, duplicates included; the buffer is not used. With
-    ``trainer.sync_interval=1`` and ``runtime.extra_lag=0`` every rollout is 0 steps old."""
+    ``trainer.sync_interval=1`` and ``runtime.extra_lag=0`` every rollout is 0 steps old. A step
+    whose groups were all dropped (empty completions, failed rewards) is skipped and counted
+    (``train/empty_steps``)."""
 
 
 class TrainerConfig(_Section):

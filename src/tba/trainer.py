@@ -122,6 +122,8 @@ class Ranks(Protocol):
 
     def update(self, batch: Batch, version: int) -> dict[str, float]: ...
 
+    def skip(self) -> int: ...
+
     def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]: ...
 
     def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None: ...
@@ -167,6 +169,7 @@ class Trainer:
         self.max_tokens = objective.max_tokens or max_new_tokens or 1  # Dr. GRPO's constant
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
+        self.empty_steps = 0  # steps with nothing to train on (:meth:`skip`)
         self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
         self._arrival_lag_max = 0
         self.ranks = ranks
@@ -242,6 +245,7 @@ class Trainer:
         metrics.update(
             {
                 "buffer/arrival_lag_max": float(self._arrival_lag_max),
+                "train/empty_steps": float(self.empty_steps),
                 "train/step_s": time.perf_counter() - start,
                 **batch.stats,
                 **self.buffer.stats(),
@@ -251,6 +255,38 @@ class Trainer:
         if self.version % self.cfg.sync_interval == 0:
             metrics["train/publish_s"] = self.publish()
         return metrics
+
+    def skip(self) -> dict[str, float]:
+        """A step with nothing to train on (``buffer.fresh_only``: the searcher dropped every group
+        of the step, for empty completions or failed rewards, as a policy that only answers with
+        the end token makes it do): no update, but the version, the learning-rate schedule and
+        the publications advance as after a step, so the run keeps its length and the searchers
+        their lag, and a stale sampler (``runtime.extra_lag``) still gets newer weights. Counted in
+        ``train/skipped_steps`` (with the steps whose gradients were not finite) and
+        ``train/empty_steps``."""
+        start = time.perf_counter()
+        skipped = self.ranks.skip() if self.ranks is not None else self.skip_update()
+        self.empty_steps += 1
+        self.version += 1
+        metrics = {
+            "train/skipped_steps": float(skipped),
+            "train/empty_steps": float(self.empty_steps),
+            "train/step_s": time.perf_counter() - start,
+        }
+        if self.optimizer is not None:
+            metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        if self.version % self.cfg.sync_interval == 0:
+            metrics["train/publish_s"] = self.publish()
+        return metrics
+
+    def skip_update(self) -> int:
+        """No optimizer step, one schedule step (the learning rate follows the version); returns
+        the steps skipped so far."""
+        self.skipped_steps += 1
+        with warnings.catch_warnings():  # torch warns when no optimizer step precedes the schedule's
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        return self.skipped_steps
 
     def update(self, batch: Batch, scale: float = 1.0) -> dict[str, float]:
         """Gradients of the objective on ``batch``, clipped, one AdamW step and one schedule step at
@@ -416,9 +452,10 @@ class Trainer:
 
     def state_dict(self) -> dict:
         if self.ranks is not None:
-            return {"version": self.version, **self.ranks.state_dict()}
+            return {"version": self.version, "empty_steps": self.empty_steps, **self.ranks.state_dict()}
         return {
             "version": self.version,
+            "empty_steps": self.empty_steps,
             "skipped_steps": self.skipped_steps,
             "oversize_groups": self.oversize_groups,
             "optimizer": self.optimizer.state_dict(),
@@ -430,6 +467,7 @@ class Trainer:
         too (a resume loads the checkpoint's weights into ``self.model`` first)."""
         check_rank_count(state, 1 if self.ranks is None else self.ranks.size)
         self.version = state["version"]
+        self.empty_steps = state.get("empty_steps", 0)  # absent from checkpoints before it existed
         if self.ranks is not None:
             self.ranks.load_state_dict(policy_state(self.model), state)
             self._synced = self.version

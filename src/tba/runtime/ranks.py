@@ -325,6 +325,10 @@ class TrainerRank:
         t.scheduler.load_state_dict(state["scheduler"])
         t.version = state["version"]
 
+    def skip(self) -> int:
+        """A step with nothing to train on: the schedule advances (see ``Trainer.skip``)."""
+        return self.trainer.skip_update()
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -408,6 +412,10 @@ class RankGroup:
     def load_state_dict(self, policy: dict[str, torch.Tensor], state: dict) -> None:
         light = {k: v for k, v in state.items() if k != "optimizer"}  # rank 0 sends the optimizer's shards
         self._call("load_state_dict", [(policy, state)] + [(None, light)] * (self.size - 1))
+
+    def skip(self) -> int:
+        """Every rank skips a step (``Trainer.skip``); returns the steps skipped so far."""
+        return self._call("skip", [()] * self.size)[0]
 
     def pids(self) -> list[int]:
         return self._call("pid", [()] * self.size)

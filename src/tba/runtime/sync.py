@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from tba.buffer import fresh_batch
+from tba.buffer import BufferTooSmall, fresh_batch
 from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
@@ -92,7 +92,11 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             gen_s = time.perf_counter() - gen_start
             if fresh_only:  # repeats (if any) drawn from a per-step seed: a resume draws the same
                 rng = random.Random(cfg.run.seed * 1_000_003 + trainer.version)
-                record = trainer.step(fresh_batch(groups, cfg.generation.group_size, trainer.version, rng))
+                try:
+                    batch = fresh_batch(groups, cfg.generation.group_size, trainer.version, rng)
+                except BufferTooSmall:  # every group dropped (searcher/dropped_groups): counted, not a crash
+                    batch = None
+                record = trainer.step(batch) if batch is not None else trainer.skip()
             else:
                 trainer.ingest(groups)
                 record = trainer.step()
