@@ -10,7 +10,7 @@ from tests.conftest import SMALL_DEMO_ARGS
 
 from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics
-from tba.runtime.bounds import StepGate
+from tba.runtime.bounds import Starvation, StepGate
 
 
 def test_the_replay_bound_counts_the_window_and_the_initial_fill():
@@ -45,6 +45,21 @@ def test_both_bounds_off_never_wait():
     for version in range(50):
         assert gate.blocked(version, [0]) is None
         gate.stepped()
+
+
+def test_a_wait_while_every_generated_completion_is_dropped_is_said_once():
+    watch = Starvation(after_s=60.0)
+    watch.begin(now=100.0, arrived=512, generated=900)
+    assert watch.check(159.0, 512, 5000) is None  # not long enough yet
+    message = watch.check(161.0, 512, 5000)
+    assert message and "waited 61 s" in message and "4100 completions" in message and "dropped every one" in message
+    assert watch.check(300.0, 512, 9000) is None  # once per wait
+    watch.begin(now=400.0, arrived=512, generated=9000)  # the next wait is noticed again
+    assert watch.check(470.0, 512, 9100) is not None
+    # a wait that data ends, or searchers that generate nothing (restarting, slow), is not this
+    watch.begin(now=0.0, arrived=512, generated=900)
+    assert watch.check(100.0, 576, 5000) is None
+    assert watch.check(100.0, 512, 900) is None
 
 
 def test_max_lag_below_the_sync_interval_is_refused_and_auto_follows_it():

@@ -65,3 +65,33 @@ class StepGate:
         """The step was taken; the next one's window entry begins now."""
         self.trained += self.batch_samples
         self.bases.append(self.arrived)
+
+
+class Starvation:
+    """Notices a trainer that waits for data the searchers keep failing to deliver: after it has
+    waited ``after_s`` seconds while the searchers generated completions and none arrived (every
+    group dropped: empty completions, failed rewards), :meth:`check` returns a message, once per
+    wait. Without it such a run sits at the bounds with no word why. Plain bookkeeping: the
+    caller passes the clock and the counts."""
+
+    def __init__(self, after_s: float = 60.0):
+        self.after_s = after_s
+        self.start = self.arrived = self.generated = 0.0
+        self.said = False
+
+    def begin(self, now: float, arrived: float, generated: float) -> None:
+        """A wait starts: ``arrived`` samples delivered so far, ``generated`` completions made so far."""
+        self.start, self.arrived, self.generated, self.said = now, arrived, generated, False
+
+    def check(self, now: float, arrived: float, generated: float) -> str | None:
+        if self.said or now - self.start < self.after_s or arrived > self.arrived or generated <= self.generated:
+            return None
+        self.said = True
+        return (
+            f"the trainer has waited {now - self.start:.0f} s for data: the searchers generated "
+            f"{generated - self.generated:.0f} completions meanwhile and dropped every one (see "
+            "searcher/empty_completions and searcher/reward_errors; reward tracebacks in errors.log). "
+            "A reward function that fails on every sample, or a policy that only answers with the end "
+            "token, gives the trainer nothing to train on: stop the run (what was written is kept) and "
+            "fix the reward, or start again with a smaller trainer.lr"
+        )

@@ -48,7 +48,7 @@ from tba.models.loading import resolve_device
 from tba.models.precision import PeakMemory
 from tba.plots import plot_run
 from tba.runtime import watchdog as watchdog_module
-from tba.runtime.bounds import StepGate
+from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.common import (
     eval_key,
     evaluate_policy,
@@ -373,6 +373,11 @@ def _drain(c: Components, inbox, run_dir: Path, gate: StepGate) -> dict[int, dic
     return stats
 
 
+def _generated(stats: dict[int, dict]) -> float:
+    """Completions the searchers have generated so far (kept or dropped), by their latest stats."""
+    return sum(s["searcher/completions"] for s in stats.values())
+
+
 def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
     if not stats:
         return {}
@@ -430,6 +435,7 @@ def _train(
     t = cfg.trainer
     lag = cfg.runtime.lag_bound(t.sync_interval)
     gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, t.replay_window, lag)
+    starved = Starvation()
     min_groups = cfg.buffer.min_groups or batch
     last_stats: dict[int, dict] = {}
     while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(batch):  # the initial fill
@@ -446,11 +452,14 @@ def _train(
             last_stats = _drain(c, inbox, run_dir, gate) or last_stats
             pool.check()
             wait_start = time.perf_counter()
+            starved.begin(wait_start, gate.arrived, _generated(last_stats))
             # the bounds: wait for data; a restarting searcher (None) does not count
             while gate.blocked(trainer.version, [v for v in _searcher_versions(last_stats, pool) if v is not None]):
                 time.sleep(0.02)
                 pool.check()
                 last_stats = _drain(c, inbox, run_dir, gate) or last_stats
+                if message := starved.check(time.perf_counter(), gate.arrived, _generated(last_stats)):
+                    pool.log(message)  # on the console even when quiet, and in errors.log
             t0 = time.perf_counter()
             wait_s = t0 - wait_start
             wait_total_s += wait_s
