@@ -241,7 +241,6 @@ class Trainer:
             batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
         metrics = self.ranks.update(batch, self.version) if self.ranks is not None else self.update(batch)
         metrics.update(lag_metrics(batch, self.version))
-        self.version += 1
         metrics.update(
             {
                 "buffer/arrival_lag_max": float(self._arrival_lag_max),
@@ -252,9 +251,7 @@ class Trainer:
             }
         )
         self._arrival_lag_max = 0
-        if self.version % self.cfg.sync_interval == 0:
-            metrics["train/publish_s"] = self.publish()
-        return metrics
+        return self._advance(metrics)
 
     def skip(self) -> dict[str, float]:
         """A step with nothing to train on (``buffer.fresh_only``: the searcher dropped every group
@@ -267,7 +264,6 @@ class Trainer:
         start = time.perf_counter()
         skipped = self.ranks.skip() if self.ranks is not None else self.skip_update()
         self.empty_steps += 1
-        self.version += 1
         metrics = {
             "train/skipped_steps": float(skipped),
             "train/empty_steps": float(self.empty_steps),
@@ -275,6 +271,11 @@ class Trainer:
         }
         if self.optimizer is not None:
             metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        return self._advance(metrics)
+
+    def _advance(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The version moves on by one (a step taken or skipped), publishing every ``sync_interval``."""
+        self.version += 1
         if self.version % self.cfg.sync_interval == 0:
             metrics["train/publish_s"] = self.publish()
         return metrics
@@ -283,10 +284,14 @@ class Trainer:
         """No optimizer step, one schedule step (the learning rate follows the version); returns
         the steps skipped so far."""
         self.skipped_steps += 1
-        with warnings.catch_warnings():  # torch warns when no optimizer step precedes the schedule's
+        self._schedule_step()
+        return self.skipped_steps
+
+    def _schedule_step(self) -> None:
+        """One step of the learning-rate schedule, after the optimizer's or in place of it."""
+        with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
-        return self.skipped_steps
 
     def update(self, batch: Batch, scale: float = 1.0) -> dict[str, float]:
         """Gradients of the objective on ``batch``, clipped, one AdamW step and one schedule step at
@@ -310,9 +315,7 @@ class Trainer:
         else:  # one bad batch must not poison the weights of a long run
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            self.scheduler.step()  # after the optimizer, so step 0 uses the first warmup value
+        self._schedule_step()  # after the optimizer, so step 0 uses the first warmup value
         metrics.update(
             {
                 "train/grad_norm": grad_norm,
