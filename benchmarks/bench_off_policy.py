@@ -252,11 +252,13 @@ def grid(a) -> list[tuple[str, list[str], dict, str | None]]:
                 for tau in a.taus:
                     meta = {"part": a.part, "objective": "tb_trust_seq", "tau": tau, "staleness": staleness}
                     meta |= {"clip": "on", "lr": lr, "seed": seed}
-                    args = [*common_args(a, staleness, seed), "--objective.type=tb"]
-                    args += [f"--objective.tb_trust_region={tau}", "--objective.tb_trust_region_sequence=true"]
-                    args += [f"--trainer.lr={lr}", CLIP["on"], *LONG]
+                    band = [  # VARIANTS' tb_trust_seq with this width
+                        f"--objective.tb_trust_region={tau}" if arg.startswith("--objective.tb_trust_region=") else arg
+                        for arg in VARIANTS["tb_trust_seq"]
+                    ]
+                    args = [*common_args(a, staleness, seed), *band, f"--trainer.lr={lr}", CLIP["on"], *LONG]
                     same_as = None
-                    if tau == TAU_DEFAULT:  # exactly part 8's tb_trust_seq (VARIANTS' arguments, in order)
+                    if tau == TAU_DEFAULT:  # exactly part 8's tb_trust_seq (variants_long's arguments, in order)
                         same_as = run_name("variants_long", "tb_trust_seq", staleness, "on", lr, seed)
                     name = run_name(a.part, "tb_trust_seq", staleness, "on", lr, seed, f"-tau{tau:g}")
                     jobs.append((name, args, meta, same_as))
