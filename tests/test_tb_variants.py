@@ -77,21 +77,37 @@ def test_m2_mask_drops_the_largest_second_moments_until_the_mean_fits():
     assert m2_keep(T([0.09, 0.01, 0.25, 0.0]), 0.02).tolist() == [False, True, False, True]
     assert m2_keep(T([0.09, 0.01]), 1.0).tolist() == [True, True]
     assert m2_keep(T([0.5, 0.4]), 0.01).tolist() == [False, True]  # one is always kept
-    # in the loss: one completion's tokens are 0.5 off the sampler (m = 0.25), the other's agree
-    token_logp = T([[-0.5, -0.5], [-1.0, -2.0]], requires_grad=True)
-    sampler = token_logp.detach() - T([[0.5, 0.5], [0.0, 0.0]])
-    loss, m = tb_loss(
-        token_logp.sum(1),
-        T([0.0, 0.0]),
-        T([1.0, 0.0]),
-        1.0,
-        2,
-        sampler_token_logp=sampler,
-        token_logp=token_logp,
-        mask=torch.ones(2, 2),
-        m2_threshold=0.1,
-    )
-    assert loss.item() == pytest.approx(0.25 / 2) and m["tb_dropped"] == pytest.approx(0.5)
+
+
+def _m2_loss(token_logp, reward, off, group_size, threshold):
+    return tb_loss(
+        token_logp.sum(1), torch.zeros(len(reward)), T(reward), 1.0, group_size,
+        sampler_token_logp=token_logp.detach() - off, token_logp=token_logp, mask=torch.ones_like(off),
+        m2_threshold=threshold,
+    )  # fmt: skip
+
+
+def test_m2_mask_takes_log_z_over_the_kept_completions():
+    # K = 3, β = 1, reference 0: log π = (−1, −3, −2), rewards (1, 0, 0.5), so δ = (−2, −3, −2.5).
+    # y₁'s tokens are 0.5 off the sampler (m = 0.25), the others agree: τ₂ = 0.05 drops y₁, and
+    # log Ẑ = 2.75 from y₂, y₃ alone: residuals (·, −0.25, 0.25). (From all three, log Ẑ = 2.5 and
+    # the residuals (·, −0.5, 0) would lower neither and raise y₂ alone.)
+    token_logp = T([[-0.5, -0.5], [-1.0, -2.0], [-1.0, -1.0]], requires_grad=True)
+    off = T([[0.5, 0.5], [0.0, 0.0], [0.0, 0.0]])
+    loss, m = _m2_loss(token_logp, [1.0, 0.0, 0.5], off, 3, 0.05)
+    assert loss.item() == pytest.approx(2 * 0.0625 / 3) and m["tb_dropped"] == pytest.approx(1 / 3)
+    assert m["log_z_mean"] == pytest.approx(2.75)
+    loss.backward()
+    g = 2 * 0.25 / 3  # 2ε/N on each token of the completion
+    torch.testing.assert_close(token_logp.grad, T([[0.0, 0.0], [-g, -g], [g, g]]))
+    # a prompt whose completions are all dropped adds nothing, not even to log_z_mean: two prompts,
+    # the second's tokens 0.5 off; its m = 0.25 twice, so τ₂ = 0.05 drops both, and what is left
+    # is the first prompt's plain loss (δ = (−2, −3), residuals ±0.5) over N = 4 terms
+    token_logp = T([[-0.5, -0.5], [-1.0, -2.0], [-0.5, -0.5], [-1.0, -2.0]], requires_grad=True)
+    off = T([[0.0, 0.0], [0.0, 0.0], [0.5, 0.5], [0.5, 0.5]])
+    loss, m = _m2_loss(token_logp, [1.0, 0.0, 9.0, 9.0], off, 2, 0.05)
+    assert loss.item() == pytest.approx(2 * 0.25 / 4) and m["tb_dropped"] == pytest.approx(0.5)
+    assert m["log_z_mean"] == pytest.approx(2.5)
 
 
 def test_huber_residual_is_linear_beyond_kappa():

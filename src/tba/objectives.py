@@ -66,10 +66,9 @@ def tb_loss(
     ``scale_beta_sq`` multiplies the loss by β², so the step on the reward term does not grow
     as 1/β while β is annealed down (the paper's code does not; off by default).
 
-    Variants for stale data (each off by default; log Ẑ always comes from all K completions). With
-    the residual ε_j = log Ẑ(x) + δ_j, the sampler μ's per-token log-probs (``sampler_token_logp``,
-    ``[N, T]``, with the policy's ``token_logp`` and ``mask``) and the length-normalised sequence
-    log-ratio ℓ_j = (1/|y_j|) Σ_t (log π_θ(y_jt) − log μ(y_jt)), taken at the step's start (no gradient):
+    Variants for stale data (each off by default). With the residual ε_j = log Ẑ(x) + δ_j, the
+    sampler μ's per-token log-probs (``sampler_token_logp``, ``[N, T]``, with the policy's
+    ``token_logp`` and ``mask``) and the length-normalised sequence log-ratio ℓ_j = (1/|y_j|) Σ_t (log π_θ(y_jt) − log μ(y_jt)), taken at the step's start (no gradient):
 
     - ``trust_region`` τ (:func:`tb_trust_region_keep`): a completion's term is dropped when its
       gradient would move π further out of the band |ℓ| ≤ τ: ε_j < 0 (the gradient raises
@@ -80,7 +79,9 @@ def tb_loss(
       probability by up to e^(τ|y|), a sequence band by e^τ whatever its length.
     - ``m2_threshold`` τ₂ (:func:`m2_keep`, after M2PO): m_j = (1/|y_j|) Σ_t (log π_θ − log μ)²
       is each completion's second moment of token log-ratios; the completions with the largest
-      m_j are dropped until the mean of m over those kept is at most τ₂. loss = mean_j keep_j · ε_j².
+      m_j are dropped until the mean of m over those kept is at most τ₂, and log Ẑ(x) is the mean of
+      −δ over the kept completions of x only (the mask does not depend on ε, so it can come first):
+      the kept residuals of a prompt sum to zero, as without the mask. loss = mean_j keep_j · ε_j².
     - ``huber`` κ: ε² becomes the Huber form h(ε) = ε² for |ε| ≤ κ, 2κ|ε| − κ² beyond (its
       gradient 2·clip(ε, −κ, κ)·∇log π): no completion moves the policy by more than a residual of κ.
 
@@ -113,22 +114,27 @@ def tb_loss(
     reward = reward.to(logp.dtype)
 
     delta = (logp - ref_logp - reward / beta).view(-1, group_size)  # [B, K]
-    log_z = -delta.detach().mean(dim=1, keepdim=True)  # [B, 1]
-    residual = log_z + delta  # [B, K]
-    per = residual.pow(2) if huber is None else huber_square(residual, huber)
     keep = torch.ones(n, dtype=torch.bool, device=logp.device)
     metrics: dict[str, float] = {}
+    token_ratio = lengths = None
     if trust_region is not None or m2_threshold is not None:
         if sampler_token_logp is None or token_logp is None or mask is None:
             raise ValueError("tb_loss's trust_region and m2_threshold need sampler_token_logp, token_logp and mask")
         with torch.no_grad():
             token_ratio = (token_logp.detach() - sampler_token_logp.to(token_logp.dtype)) * mask
             lengths = mask.sum(dim=1).clamp(min=1)
-            if trust_region is not None:
-                ratio = token_ratio.sum(1) if trust_region_sequence else token_ratio.sum(1) / lengths
-                keep &= tb_trust_region_keep(residual.detach().reshape(-1), ratio, trust_region)
             if m2_threshold is not None:
                 keep &= m2_keep(token_ratio.pow(2).sum(1) / lengths, m2_threshold)
+    kept = keep.view_as(delta).to(delta.dtype)  # [B, K]
+    counted = kept.sum(dim=1, keepdim=True)  # [B, 1]: 0 only where M2 dropped the whole group
+    log_z = -(delta.detach() * kept).sum(dim=1, keepdim=True) / counted.clamp(min=1)  # [B, 1]
+    residual = log_z + delta  # [B, K]
+    per = residual.pow(2) if huber is None else huber_square(residual, huber)
+    if token_ratio is not None:
+        if trust_region is not None:
+            with torch.no_grad():
+                ratio = token_ratio.sum(1) if trust_region_sequence else token_ratio.sum(1) / lengths
+                keep &= tb_trust_region_keep(residual.detach().reshape(-1), ratio, trust_region)
         per = per * keep.view_as(per).to(per.dtype)
         metrics["tb_dropped"] = 1.0 - keep.float().mean().item()
     loss = per.mean()
@@ -139,7 +145,7 @@ def tb_loss(
         kl = (logp - ref_logp).mean()
         metrics.update(
             {
-                "log_z_mean": log_z.mean().item(),
+                "log_z_mean": log_z[counted > 0].mean().item(),
                 "residual_std": residual.std().item() if n > 1 else 0.0,
                 "kl": kl.item(),
             }
