@@ -68,7 +68,8 @@ def tb_loss(
 
     Variants for stale data (each off by default). With the residual ε_j = log Ẑ(x) + δ_j, the
     sampler μ's per-token log-probs (``sampler_token_logp``, ``[N, T]``, with the policy's
-    ``token_logp`` and ``mask``) and the length-normalised sequence log-ratio ℓ_j = (1/|y_j|) Σ_t (log π_θ(y_jt) − log μ(y_jt)), taken at the step's start (no gradient):
+    ``token_logp`` and ``mask``) and the length-normalised sequence log-ratio
+    ℓ_j = (1/|y_j|) Σ_t (log π_θ(y_jt) − log μ(y_jt)), taken at the step's start (no gradient):
 
     - ``trust_region`` τ (:func:`tb_trust_region_keep`): a completion's term is dropped when its
       gradient would move π further out of the band |ℓ| ≤ τ: ε_j < 0 (the gradient raises
