@@ -131,11 +131,11 @@ def tb_loss(
     log_z = -(delta.detach() * kept).sum(dim=1, keepdim=True) / counted.clamp(min=1)  # [B, 1]
     residual = log_z + delta  # [B, K]
     per = residual.pow(2) if huber is None else huber_square(residual, huber)
+    if trust_region is not None:  # after log Ẑ: the band reads the residual's sign
+        with torch.no_grad():
+            ratio = token_ratio.sum(1) if trust_region_sequence else token_ratio.sum(1) / lengths
+            keep &= tb_trust_region_keep(residual.detach().reshape(-1), ratio, trust_region)
     if token_ratio is not None:
-        if trust_region is not None:
-            with torch.no_grad():
-                ratio = token_ratio.sum(1) if trust_region_sequence else token_ratio.sum(1) / lengths
-                keep &= tb_trust_region_keep(residual.detach().reshape(-1), ratio, trust_region)
         per = per * keep.view_as(per).to(per.dtype)
         metrics["tb_dropped"] = 1.0 - keep.float().mean().item()
     loss = per.mean()
