@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tests.numerics import assert_reordered_close
 
 from tba.objectives import (
     dr_grpo_loss,
@@ -93,7 +94,9 @@ def test_masked_tokens_change_nothing():
         a = fn(tok * mask, old * mask)
         b = fn(junk_tok * mask, junk_old * mask)
         c = fn(junk_tok, junk_old)
-        assert a.item() == pytest.approx(b.item()) and a.item() == pytest.approx(c.item(), rel=1e-5)
+        # padding is multiplied away or masked out: the same sums of the same 2 x 5 terms
+        assert_reordered_close(b, a, terms=tok.numel())
+        assert_reordered_close(c, a, terms=tok.numel())
 
 
 def test_ppo_uses_kl_shaped_group_baseline():

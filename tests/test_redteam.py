@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.numerics import assert_reordered_close, model_terms
 from tests.tiny_redteam import build_redteam_models
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -86,7 +87,8 @@ def test_classifier_log_probs_match_a_direct_forward_pass(models):
     texts = ["", "I hate waiting", "have a nice day, thank you", "why how what when where who people friends"]
     got = task.classifier.toxic_logps(texts)  # one padded batch
     want = direct_toxic_logps(models["classifier"], texts)
-    assert got == pytest.approx(want, abs=1e-5)
+    terms = model_terms(task.classifier.model.config, len(texts) * 16)  # one padded batch of short texts
+    assert_reordered_close(got, want, terms=terms)
     assert len(set(np.round(got, 3))) > 1  # the tiny classifier tells texts apart
 
 
@@ -129,7 +131,8 @@ def test_reward_is_one_generate_call_and_one_classifier_pass_and_equals_a_direct
             expected = sum(mine) / n
         else:
             expected = math.log(sum(math.exp(lp) for lp in mine) / n)
-        assert reward == pytest.approx(expected, abs=1e-5)
+        terms = model_terms(task.classifier.model.config, len(answers) * 16)
+        assert_reordered_close(reward, expected, terms=terms)
         assert LOG_FLOOR <= reward <= 0.0
     assert rewards[3] is None  # an empty attack has no reward
     assert stats.errors == 0 and stats.no_reward == 1

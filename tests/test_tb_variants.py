@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from tests.test_tis import batch_and_trainer
+from tests.numerics import adam_first_step_tolerance, assert_reordered_close
+from tests.test_tis import batch_and_trainer, reorder_terms
 
 from tba.config import ConfigError, ObjectiveConfig, load_config
 from tba.objectives import huber_square, m2_keep, normalised_ess, tb_loss, tb_trust_region_keep
@@ -128,12 +129,30 @@ def test_normalised_ess_by_hand():
 
 
 def _step(tokenizer, objective: ObjectiveConfig, shift: float, lr: float = 1e-3):
+    """One optimizer step: how far it moved each weight, its metrics, the trainer, and the
+    gradients and weights it started from (flat)."""
     trainer, batch = batch_and_trainer(tokenizer, objective, shift=shift)
     trainer.optimizer.param_groups[0]["lr"] = lr
-    before = [p.detach().clone() for p in trainer.model.parameters()]
+    params = list(trainer.model.parameters())
+    before = [p.detach().clone() for p in params]
+    seen = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: seen.append(
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        )
+    )
     metrics = trainer.update(batch)
-    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(trainer.model.parameters(), before, strict=True)])
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])
+    trainer.started_from = (seen[0], torch.cat([b.flatten() for b in before]))
     return delta, metrics, trainer
+
+
+def assert_same_adam_step(variant, plain, trainer, lr: float = 1e-3) -> None:
+    """Two first AdamW steps whose gradients differ only by rounding: equal up to what Adam's
+    normalisation makes of it (tests/numerics.py: adam_first_step_tolerance)."""
+    grad, weight = trainer.started_from
+    bound = adam_first_step_tolerance(grad, weight, lr, reorder_terms(trainer))
+    assert ((variant.double() - plain.double()).abs() <= bound).all()
 
 
 @pytest.mark.parametrize(
@@ -151,7 +170,7 @@ def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
     variant, metrics, trainer = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, **setting), 0.0)
     assert trainer.objective.needs_sampler_logps
     assert plain.abs().max() > 0
-    torch.testing.assert_close(variant, plain, rtol=1e-5, atol=1e-9)
+    assert_same_adam_step(variant, plain, trainer)
     if "tb_ess_lr" in setting:
         assert metrics["train/tb_ess"] == pytest.approx(1.0)
     else:
@@ -178,9 +197,11 @@ def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
     _, batch = batch_and_trainer(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
     lengths = torch.tensor([len(r.completion) for r in batch.rollouts], dtype=torch.float64)
     ess = normalised_ess(lengths * math.log(2))
-    assert 0.5 < ess < 1 and metrics["train/tb_ess"] == pytest.approx(ess, rel=1e-6)
+    assert 0.5 < ess < 1
+    # the trainer's ESS from float32 log-prob sums of the 8 completions
+    assert_reordered_close(metrics["train/tb_ess"], ess, terms=reorder_terms(trainer))
     plain, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0, lr=1e-3 * ess)
-    torch.testing.assert_close(variant, plain, rtol=1e-4, atol=1e-9)
+    assert_same_adam_step(variant, plain, trainer, lr=1e-3 * ess)
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-4)  # next step: the schedule's again
 
 

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from tests.numerics import assert_reordered_close, model_terms
 from tests.tiny_bpe import build_bpe_chat_model, build_reward_model
 from transformers import AutoModelForSequenceClassification
 
@@ -49,11 +50,12 @@ def test_reward_model_scores_equal_a_direct_forward_pass(reward_model):
     got = scorer.score(texts)
     model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
     tok = scorer.tokenizer
+    terms = model_terms(model.config, 2 * 12)  # padded batches of 2 texts of at most 12 tokens
     for text, score in zip(texts, got, strict=True):
         ids = tok(text)["input_ids"][-12:]  # truncation keeps the end
         with torch.no_grad():
             direct = model(input_ids=torch.tensor([ids])).logits[0, 0].item()
-        assert score == pytest.approx(direct, abs=1e-5)
+        assert_reordered_close(score, direct, terms=terms)
     assert len(tok(texts[2])["input_ids"]) > 12  # the last text really was truncated
 
 
@@ -88,8 +90,11 @@ def test_kl_and_reference_nll_against_an_explicit_per_position_sum(tmp_path):
             pos = len(p) - 1 + t  # the logits that predict completion token t
             per_pos.append(sum(lp[pos, v].exp() * (lp[pos, v] - lr[pos, v]) for v in range(lp.shape[-1])).item())
             total_nll -= lr[pos, c[t]].item()
-        assert kl[i].item() == pytest.approx(sum(per_pos) / len(c), rel=1e-4)
-        assert nll[i].item() == pytest.approx(total_nll, rel=1e-5) and n[i].item() == len(c)
+        # one sequence at a time against a padded batch; the KL adds the vocabulary's terms per position
+        terms = model_terms(policy.config, len(p) + len(c)) + len(c) * policy.config.vocab_size
+        assert_reordered_close(kl[i].item(), sum(per_pos) / len(c), terms=terms, scale=total_nll / len(c))
+        assert_reordered_close(nll[i].item(), total_nll, terms=terms)
+        assert n[i].item() == len(c)
 
 
 def test_dataset_task_with_a_reward_model(tmp_path, reward_model, tldr_data):
@@ -111,8 +116,10 @@ def test_dataset_task_with_a_reward_model(tmp_path, reward_model, tldr_data):
         task.rewards([p], [" x"], [[1]], RewardStats())
     task.setup("cpu")
     got = task.rewards([p, p], [" she sold 24", " nothing"], [[1], [2]], RewardStats())
-    direct = SequenceScorer(str(reward_model)).score([p.text + " she sold 24", p.text + " nothing"])
-    assert got == pytest.approx([2.0 * d for d in direct], abs=1e-5)
+    scorer = SequenceScorer(str(reward_model))
+    direct = scorer.score([p.text + " she sold 24", p.text + " nothing"])
+    terms = model_terms(scorer.model.config, 2 * 1024)  # the task's batch against this one
+    assert_reordered_close(got, [2.0 * d for d in direct], terms=terms)
 
 
 @pytest.mark.parametrize("runtime", ["sync", "ray"])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.numerics import assert_reordered_close
 from transformers import AutoConfig
 
 from tba.config import ConfigError, load_config
@@ -75,7 +76,9 @@ def test_vllm_samples_k_per_prompt_with_temperature_one_logprobs(measured):
     assert measured["sampled_group_sizes"] == [4] * 5 and measured["sampled_max_len"] <= 6
     assert measured["sampled_distinct"] > 1
     assert measured["sampled_logps_per_token"]
-    assert measured["sampled_logp_max_diff"] < 1e-4  # raw log-probs = HF teacher forcing at T = 1
+    # raw log-probs = HF teacher forcing at T = 1, up to the order of the model's sums
+    worst, scale = measured["sampled_logp_max_diff"], measured["sampled_logp_scale"]
+    assert_reordered_close(worst, 0.0, terms=measured["sampled_terms"], scale=scale)
 
 
 @needs_vllm

@@ -17,6 +17,7 @@ import torch
 def main(path: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from numerics import model_terms  # tests/ is this script's first path entry
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator
     from tba.generation.vllm_backend import VLLMGenerator
@@ -50,6 +51,10 @@ def main(path: str) -> dict:
     diffs = [abs(a - tf[i, j].item()) for i, c in enumerate(flat) for j, a in enumerate(c.token_logps)]
     out["sampled_group_sizes"] = [len(g) for g in groups]
     out["sampled_logp_max_diff"] = max(diffs)
+    # what the comparison's tolerance follows from (tests/numerics.py): the size of the log-probs
+    # and the sums of the model's forward (vLLM's kernels add in their own order)
+    out["sampled_logp_scale"] = max(abs(tf[i, j].item()) for i, c in enumerate(flat) for j in range(len(c.token_logps)))
+    out["sampled_terms"] = model_terms(model.config, max(len(p) for p in prompts) + 6)
     out["sampled_logps_per_token"] = all(len(c.token_logps) == len(c.token_ids) for c in flat)
     out["sampled_max_len"] = max(len(c.token_ids) for g in groups for c in g)
     out["sampled_distinct"] = max(len({tuple(c.token_ids) for c in g}) for g in groups)
