@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 import warnings
 
 import ray
@@ -54,6 +55,7 @@ RANK_TIMEOUT_S = 1800.0
 long before (its next call fails), which then stops the others; this only bounds a hang."""
 
 _POLL_S = 1.0  # how often the driver checks that the ranks it waits for are alive
+_DEATH_NOTICE_S = 10.0  # how long a rank's failure waits for news that another rank died (the cause)
 
 
 def searcher_cpus(cfg: Config) -> float:
@@ -445,8 +447,10 @@ class RankGroup:
                 try:
                     ray.get(ref)
                 except RayError as err:
-                    self.close()
                     r = ranks[refs.index(ref)]
+                    if not isinstance(err, RayActorError):  # a peer's death shows first as a collective's error
+                        r, err = self._death_behind(refs, ranks, r, err)
+                    self.close()
                     if isinstance(err, RayActorError):
                         raise TrainerRankFailed(
                             f"trainer rank {r} died ({_first_line(err)}); the run stops. The checkpoints written "
@@ -454,6 +458,23 @@ class RankGroup:
                         ) from None
                     raise TrainerRankFailed(f"trainer rank {r} failed in {method}; the run stops.\n{err}") from None
         return ray.get(refs)
+
+    def _death_behind(self, refs: list, ranks: list[int], r: int, err: RayError) -> tuple[int, RayError]:
+        """Rank ``r`` failed with ``err``; when another rank died, the survivors' collective fails
+        too (a connection reset), often before Ray reports the death. Wait a little for the other
+        ranks' results: the first one that died is the cause to report, else ``r``'s own error."""
+        others = [ref for ref in refs if ranks[refs.index(ref)] != r]
+        deadline = time.monotonic() + _DEATH_NOTICE_S
+        while others and time.monotonic() < deadline:
+            done, others = ray.wait(others, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as death:
+                    return ranks[refs.index(ref)], death
+                except RayError:
+                    pass
+        return r, err
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
