@@ -86,7 +86,9 @@ def test_rank_metrics_combine_as_one_batch():
 
 @pytest.fixture(scope="module")
 def ray_cpus(demo_cache):
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
+    )
     yield demo_cache
     ray.shutdown()
 

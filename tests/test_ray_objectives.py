@@ -19,7 +19,9 @@ STEPS = 12
 @pytest.fixture(scope="module")
 def ray_session(demo_cache):
     """One local Ray instance for all objectives (run_ray joins it instead of starting its own)."""
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
+    )
     yield demo_cache
     ray.shutdown()
 
@@ -70,3 +72,27 @@ def test_every_objective_trains_asynchronously(tmp_path, ray_session, overrides)
     if needs:
         assert all(len(r.sampler_token_logps) == len(r.completion) for r in rollouts), "one per token"
         assert all(lp <= 0.0 for r in rollouts for lp in r.sampler_token_logps)
+
+
+def test_a_run_starts_its_own_ray_instance_beside_another_on_the_machine(ray_session):
+    """With runtime.address unset a run starts a private local instance even while another one
+    lives on this machine and is named where Ray looks for one (RAY_ADDRESS, or the file that
+    ``ray start`` writes): Ray's default would join it, and then refuse the run's CPU count."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import ray\n"
+        "from tba.config import load_config\n"
+        "from tba.runtime.distributed import _init_ray\n"
+        "assert _init_ray(load_config(None, ['--run.device=cpu']))\n"
+        "print(ray.get_runtime_context().gcs_address)\n"
+        "ray.shutdown()\n"
+    )
+    ours = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "RAY_ADDRESS": ours}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = proc.stdout.strip().splitlines()[-1]
+    assert theirs and theirs != ours

@@ -217,8 +217,8 @@ def _init_ray(cfg: Config, trainer_device: torch.device | None = None) -> bool:
     others = searcher_gpu_ids(trainer_device or torch.device("cpu"), visible, count)
     if others is not None:  # Ray's node manager reads the variable when it starts; this process keeps its own
         os.environ["CUDA_VISIBLE_DEVICES"] = others
-    try:
-        ray.init(num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **quiet)
+    try:  # "local": a new instance even when another runs on this machine (Ray would join the latest)
+        ray.init(address="local", num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **quiet)
     finally:
         if others is not None:
             if visible is None:
