@@ -132,3 +132,12 @@ def model_terms(config, tokens: int) -> int:
 def padded_positions(prompts, completions) -> int:
     """Token positions of a padded batch of prompt + completion rows: ``tokens`` for model_terms."""
     return len(prompts) * max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+
+
+def bf16_operand_terms(config) -> int:
+    """``terms`` for a decoder run under bf16 autocast against fp32: each matmul rounds its two
+    operands to bf16 once and accumulates in fp32. Those errors are relative to each product, so a
+    dot product's is at most λ·√(Σ(2u·x_i·y_i)²) ≤ 2λu·Σ|x_i·y_i|, with no √n of its length; what
+    adds up is the rounded operands along a number's path: two per matmul, six matmuls a layer
+    (queries/keys/values, scores, attention × values, output, gate/up, down) and the head."""
+    return 2 * (6 * config.num_hidden_layers + 1)
