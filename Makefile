@@ -50,8 +50,9 @@ example: $(STAMP)
 # built once): most of the suite starts processes (CLI runs, Ray instances, vLLM engines) and waits
 # on them, which the second process overlaps. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: $(COMPILED)
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -69,7 +70,7 @@ lock:
 	  $(VENV)/bin/pip freeze --exclude-editable | grep -viE '^(torch|tba)=='; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	touch $(STAMP) $(VLLM_CPU) $(COMPILED)
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST)
 
 clean:
 	rm -rf $(VENV) runs

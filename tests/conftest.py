@@ -12,11 +12,16 @@ from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama, en
 from tba.types import Rollout
 
 
+def xdist_worker(config) -> bool:
+    """This process is a pytest-xdist worker (make test runs two)."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config):
     """In a pytest-xdist worker, one torch thread: the workers already fill the cores, and idle
     OpenMP threads spin on a core another worker needs (tests that run the CLI or a runtime in
     this process set their own threads, as a run does)."""
-    if hasattr(config, "workerinput"):
+    if xdist_worker(config):
         torch.set_num_threads(1)
 
 
@@ -73,7 +78,7 @@ def demo_cache(tmp_path_factory, request):
     """A model cache holding the small demo setting's warm-started model, built once per test run,
     so searcher processes find it instead of building it. With pytest-xdist the workers share one
     cache beside their temporary directories: the first builds it, the others wait on its lock."""
-    if not hasattr(request.config, "workerinput"):  # not an xdist worker
+    if not xdist_worker(request.config):
         path = tmp_path_factory.mktemp("tba-cache")
     else:
         path = tmp_path_factory.getbasetemp().parent / "tba-cache"

@@ -13,8 +13,10 @@ a chance of 3·10⁻⁸ per compared number. The worst case, n·u·Σ|x_i|, woul
 for long sums; the √n bound is what reorderings actually reach, and an error 100 times larger
 than a real reordering's is rejected (tests/test_numerics.py shows both on 10⁵ fp32 terms).
 
-Rounding a product's operands to a lower precision (bf16 autocast) is one more relative error of
-at most u per term, so the same bound holds with that dtype's u and the reduction's length.
+Rounding a product's operands to a lower precision (bf16 autocast, fp32 accumulation) is one
+more relative error of at most u per term, relative to the term itself rather than to a partial
+sum: there the count is of rounded operands along the path, not of the sums' lengths
+(:func:`bf16_operand_terms`), with that dtype's u.
 
 The scale Σ|x_i| is the size of the summands. For one output of a network it is not at hand;
 ``scale`` defaults to the largest magnitude of the expected values, which stands in for it where
@@ -127,6 +129,13 @@ def model_terms(config, tokens: int) -> int:
     head = h // config.num_attention_heads
     per_layer = h + head + tokens + h + h + i
     return config.num_hidden_layers * per_layer + h + config.vocab_size + tokens
+
+
+def batch_tokens(batch) -> int:
+    """Token positions of a trainer :class:`~tba.types.Batch` (each rollout's prompt and
+    completion, no padding): what a step's gradients and loss sum over."""
+    prompts = sum(len(batch.prompt_ids[i // batch.group_size]) for i in range(len(batch.rollouts)))
+    return prompts + sum(len(r.completion) for r in batch.rollouts)
 
 
 def padded_positions(prompts, completions) -> int:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, model_terms, padded_positions
+from tests.numerics import assert_reordered_close, batch_tokens, model_terms, padded_positions
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tba.buffer import ReplayBuffer
@@ -279,7 +279,7 @@ def test_token_budget_micro_batches_give_the_gradients_of_one_batch(tiny_model, 
     split, split_metrics = step_gradients(tiny_model, tokenizer, batch, objective, micro_batch_tokens=250)
     assert whole_metrics["train/micro_batches"] == 1 and split_metrics["train/micro_batches"] >= 3
     # micro-batches add the tokens' contributions to each gradient in another order
-    tokens = sum(len(batch.prompt_ids[i // batch.group_size]) + len(r.completion) for i, r in enumerate(batch.rollouts))
+    tokens = batch_tokens(batch)
     assert_grads_close(split, whole, model_terms(tiny_model.config, tokens))
     assert_reordered_close(split_metrics["train/loss"], whole_metrics["train/loss"], terms=tokens)
     reward_mean = split_metrics["train/reward_mean"]  # the micro-batches' means, weighted by their groups

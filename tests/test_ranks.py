@@ -17,7 +17,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 from tests.conftest import SMALL_DEMO_ARGS
-from tests.numerics import adam_first_step_tolerance, assert_reordered_close
+from tests.numerics import adam_first_step_tolerance, assert_reordered_close, batch_tokens
 from tests.test_pipeline import synthetic_groups
 from tests.test_ray_survival import session_processes
 
@@ -139,9 +139,7 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
     two, m2 = _trained(ray_cpus, 2, extra, steps=1)
     try:
         batch = one.buffer.sample(6, one.trainer.group_size)
-        tokens = sum(len(p) for p in batch.prompt_ids) * batch.group_size + sum(
-            len(r.completion) for r in batch.rollouts
-        )
+        tokens = batch_tokens(batch)
         for key in ("train/loss", "train/grad_norm", "train/reward_mean", "train/kl", "train/lr"):
             assert_reordered_close(m2[0][key], m1[0][key], terms=tokens)
         assert m2[0]["train/micro_batches"] >= 2 and m2[0]["train/rank_peak_memory_gb"] > 0

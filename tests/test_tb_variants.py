@@ -130,7 +130,7 @@ def test_normalised_ess_by_hand():
 
 def _step(tokenizer, objective: ObjectiveConfig, shift: float, lr: float = 1e-3):
     """One optimizer step: how far it moved each weight, its metrics, the trainer, and the
-    gradients and weights it started from (flat)."""
+    gradients and weights it started from (flat, for adam_first_step_tolerance)."""
     trainer, batch = batch_and_trainer(tokenizer, objective, shift=shift)
     trainer.optimizer.param_groups[0]["lr"] = lr
     params = list(trainer.model.parameters())
@@ -143,14 +143,13 @@ def _step(tokenizer, objective: ObjectiveConfig, shift: float, lr: float = 1e-3)
     )
     metrics = trainer.update(batch)
     delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])
-    trainer.started_from = (seen[0], torch.cat([b.flatten() for b in before]))
-    return delta, metrics, trainer
+    return delta, metrics, trainer, (seen[0], torch.cat([b.flatten() for b in before]))
 
 
-def assert_same_adam_step(variant, plain, trainer, lr: float = 1e-3) -> None:
+def assert_same_adam_step(variant, plain, trainer, start, lr: float = 1e-3) -> None:
     """Two first AdamW steps whose gradients differ only by rounding: equal up to what Adam's
     normalisation makes of it (tests/numerics.py: adam_first_step_tolerance)."""
-    grad, weight = trainer.started_from
+    grad, weight = start
     bound = adam_first_step_tolerance(grad, weight, lr, reorder_terms(trainer))
     assert ((variant.double() - plain.double()).abs() <= bound).all()
 
@@ -166,11 +165,11 @@ def assert_same_adam_step(variant, plain, trainer, lr: float = 1e-3) -> None:
     ids=lambda s: "+".join(s),
 )
 def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
-    plain, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
-    variant, metrics, trainer = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, **setting), 0.0)
+    plain, _, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
+    variant, metrics, trainer, start = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, **setting), 0.0)
     assert trainer.objective.needs_sampler_logps
     assert plain.abs().max() > 0
-    assert_same_adam_step(variant, plain, trainer)
+    assert_same_adam_step(variant, plain, trainer, start)
     if "tb_ess_lr" in setting:
         assert metrics["train/tb_ess"] == pytest.approx(1.0)
     else:
@@ -182,10 +181,10 @@ def test_trainer_passes_the_sequence_band(tokenizer):
     of 0.2, outside a sequence band of 0.2, so only the sequence setting drops terms (those whose
     residual is negative, about half)."""
     per_token = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2)
-    _, metrics, _ = _step(tokenizer, per_token, -0.15)
+    _, metrics, _, _ = _step(tokenizer, per_token, -0.15)
     assert metrics["train/tb_dropped"] == 0.0
     sequence = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2, tb_trust_region_sequence=True)
-    _, metrics, _ = _step(tokenizer, sequence, -0.15)
+    _, metrics, _, _ = _step(tokenizer, sequence, -0.15)
     assert 0.0 < metrics["train/tb_dropped"] < 1.0
 
 
@@ -193,15 +192,17 @@ def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
     """Sampler log-probs log 2 below the trainer's per token: sequences of different lengths get
     different weights 2^|y|, the batch's ESS is below 1, and the step equals a plain TB step whose
     learning rate is lr x ESS."""
-    variant, metrics, trainer = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, tb_ess_lr=True), -math.log(2))
+    variant, metrics, trainer, start = _step(
+        tokenizer, ObjectiveConfig(type="tb", beta=0.1, tb_ess_lr=True), -math.log(2)
+    )
     _, batch = batch_and_trainer(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
     lengths = torch.tensor([len(r.completion) for r in batch.rollouts], dtype=torch.float64)
     ess = normalised_ess(lengths * math.log(2))
     assert 0.5 < ess < 1
     # the trainer's ESS from float32 log-prob sums of the 8 completions
     assert_reordered_close(metrics["train/tb_ess"], ess, terms=reorder_terms(trainer))
-    plain, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0, lr=1e-3 * ess)
-    assert_same_adam_step(variant, plain, trainer, lr=1e-3 * ess)
+    plain, _, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0, lr=1e-3 * ess)
+    assert_same_adam_step(variant, plain, trainer, start, lr=1e-3 * ess)
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-4)  # next step: the schedule's again
 
 
