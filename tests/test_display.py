@@ -23,7 +23,7 @@ from tba.config import LoggingConfig, load_config
 from tba.console import RunDisplay, format_duration
 from tba.eval_metrics import sampled_metrics
 from tba.metrics import read_metrics
-from tba.trainer import lag_metrics
+from tba.trainer import group_metrics, lag_metrics
 from tba.types import Batch, Rollout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +131,21 @@ def test_lag_fresh_counts_only_what_arrived_since_the_previous_step():
     assert lags == {"train/lag_mean": (7 + 2 + 1 + 2 + 0) / 5, "train/lag_max": 7.0, "train/lag_fresh": 1.0}
     replayed_only = Batch(prompt_ids=[[0]], rollouts=rollouts[:2], group_size=2)
     assert "train/lag_fresh" not in lag_metrics(replayed_only, version=10)
+
+
+def test_group_metrics_count_flat_mixed_and_unfinished():
+    def r(reward, version, finished=True):
+        return Rollout("p", (1,), reward, 0.0, version, version, finished=finished)
+
+    # three groups of two: rewards differ (versions 3 and 4, one unfinished); equal (version 5);
+    # equal (versions 5 and 6, both unfinished)
+    rollouts = [r(1.0, 3), r(0.0, 4, False), r(0.5, 5), r(0.5, 5), r(0.0, 5, False), r(0.0, 6, False)]
+    batch = Batch(prompt_ids=[[0], [1], [2]], rollouts=rollouts, group_size=2)
+    assert group_metrics(batch) == {
+        "train/flat_groups": 2 / 3,
+        "train/mixed_groups": 2 / 3,
+        "train/unfinished": 3 / 6,
+    }
 
 
 # ---------------------------------------------------------------- metric names and the README

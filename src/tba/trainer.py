@@ -66,6 +66,25 @@ def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
     return out
 
 
+def group_metrics(batch: Batch) -> dict[str, float]:
+    """What the step's groups hold, as fractions of the batch:
+
+    - ``train/flat_groups``: groups whose K rewards are all equal. They carry no reward signal;
+      trajectory balance still trains on them (their residuals pull log π − log π_ref of the K
+      completions together, toward the reference), GRPO's advantages there are zero;
+    - ``train/mixed_groups``: groups whose completions come from more than one policy version
+      (assembled from a prompt's stored rollouts);
+    - ``train/unfinished``: completions cut at ``generation.max_new_tokens``.
+    """
+    k, n = batch.group_size, batch.num_groups
+    groups = [batch.rollouts[g * k : (g + 1) * k] for g in range(n)]
+    return {
+        "train/flat_groups": sum(len({r.reward for r in g}) == 1 for g in groups) / n,
+        "train/mixed_groups": sum(len({r.policy_version for r in g}) > 1 for g in groups) / n,
+        "train/unfinished": sum(not r.finished for r in batch.rollouts) / len(batch.rollouts),
+    }
+
+
 def gather_ranks(values: torch.Tensor) -> torch.Tensor:
     """``values`` of every trainer rank, concatenated (this rank's alone outside a process group)."""
     import torch.distributed as dist
@@ -241,6 +260,7 @@ class Trainer:
             batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
         metrics = self.ranks.update(batch, self.version) if self.ranks is not None else self.update(batch)
         metrics.update(lag_metrics(batch, self.version))
+        metrics.update(group_metrics(batch))
         metrics.update(
             {
                 "buffer/arrival_lag_max": float(self._arrival_lag_max),

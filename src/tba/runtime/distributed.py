@@ -393,6 +393,8 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/reward_errors": float(sum(s["searcher/reward_errors"] for s in stats.values())),
         "searcher/empty_completions": float(sum(s["searcher/empty_completions"] for s in stats.values())),
         "searcher/no_reward": float(sum(s.get("searcher/no_reward", 0.0) for s in stats.values())),
+        "searcher/unfinished": float(sum(s.get("searcher/unfinished", 0.0) for s in stats.values())),
+        "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
     }
     per_fn: dict[str, list[float]] = {}
     for s in stats.values():
