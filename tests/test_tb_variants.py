@@ -184,8 +184,13 @@ def test_trainer_passes_the_sequence_band(tokenizer):
     _, metrics, _, _ = _step(tokenizer, per_token, -0.15)
     assert metrics["train/tb_dropped"] == 0.0
     sequence = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2, tb_trust_region_sequence=True)
-    _, metrics, _, _ = _step(tokenizer, sequence, -0.15)
+    _, metrics, trainer, _ = _step(tokenizer, sequence, -0.15)
     assert 0.0 < metrics["train/tb_dropped"] < 1.0
+    # a variant that reads the sampler logs how far the policy is from it, as the ratio objectives do
+    _, batch = batch_and_trainer(tokenizer, sequence, -0.15)
+    scale = max(abs(t) for r in batch.rollouts for t in r.sampler_token_logps)
+    assert_reordered_close(metrics["train/sampler_logp_diff"], 0.15, terms=reorder_terms(trainer), scale=scale)
+    assert 0.0 < metrics["train/sampler_ess"] < 1.0  # sequence lengths differ: so do their weights e^(0.15|y|)
 
 
 def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):

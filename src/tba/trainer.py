@@ -414,7 +414,7 @@ class Trainer:
             sampler = self._sampler_token_logps(rollouts, mask) if o.needs_sampler_logps else None
             if o.tb_ess_lr:  # the sequences' log importance weights, for this step's learning rate
                 self._log_w.append(((token_logp.detach() - sampler) * mask).sum(1))
-            return tb_loss(
+            loss, m = tb_loss(
                 logp,
                 ref,
                 reward,
@@ -429,6 +429,9 @@ class Trainer:
                 m2_threshold=o.tb_m2_threshold,
                 huber=o.tb_huber,
             )
+            if sampler is not None:  # how far the trained policy has moved from the data's sampler
+                m.update(sampler_mismatch(token_logp.detach(), sampler, mask))
+            return loss, m
         if o.type == "online_dpo":
             return online_dpo_loss(logp, ref, reward, beta, k)
         if o.type == "rloo" and not o.needs_sampler_logps:
