@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -78,7 +79,12 @@ def ensure_smollm2(dest: Path | None = None, log=print) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{FOLDER_NAME}-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    os.replace(tmp, dest)
+    try:
+        os.replace(tmp, dest)
+    except OSError:  # another process converted it meanwhile (the same file gives the same folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (dest / "config.json").is_file():
+            raise
     return dest
 
 
