@@ -132,6 +132,23 @@ def test_typed_values_from_overrides() -> None:
     assert cfg.model.dtype == "float32"
 
 
+def test_grad_clip_auto_is_none_for_tb_and_one_for_the_others() -> None:
+    cfg = load_config(None)
+    assert cfg.trainer.grad_clip == "auto" and cfg.objective.type == "tb"
+    assert cfg.trainer.clip_norm("tb") is None
+    for kind in ("grpo", "dr_grpo", "ppo", "rloo", "online_dpo"):
+        assert cfg.trainer.clip_norm(kind) == 1.0
+    explicit = load_config(None, ["--trainer.grad_clip=0.5"]).trainer
+    assert explicit.clip_norm("tb") == 0.5 and explicit.clip_norm("grpo") == 0.5
+    off = load_config(None, ["--trainer.grad_clip=null"]).trainer
+    assert off.clip_norm("grpo") is None
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError, match="grad_clip must be positive, None .no clipping. or 'auto'"):
+            load_config(None, [f"--trainer.grad_clip={bad}"])
+    with pytest.raises(ConfigError, match="trainer.grad_clip"):
+        load_config(None, ["--trainer.grad_clip=often"])
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

@@ -211,6 +211,33 @@ def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-4)  # next step: the schedule's again
 
 
+def test_tb_steps_unclipped_by_default_and_clipped_when_asked(tokenizer):
+    """trainer.grad_clip=auto leaves TB's gradient as it is (a clip of 1 would bind on every TB
+    step); an explicit clip still applies. Adam's first moment after one step is (1 − β₁)·g, g
+    the gradient as the optimizer took it."""
+
+    def first_moment(grad_clip):
+        trainer, batch = batch_and_trainer(tokenizer, ObjectiveConfig(type="tb", beta=0.1), shift=0.0)
+        trainer.cfg = trainer.cfg.model_copy(update={"grad_clip": grad_clip})
+        metrics = trainer.update(batch)
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        moment = torch.cat([trainer.optimizer.state[p]["exp_avg"].flatten() for p in params])
+        taken = moment.norm().item() / (1 - trainer.optimizer.defaults["betas"][0])
+        return metrics, taken, len(moment)
+
+    unclipped, taken, n = first_moment("auto")
+    norm = unclipped["train/grad_norm"]
+    assert norm > 5  # TB's gradient at β = 0.1: far above a clip of 1
+    assert "train/clip_scale" not in unclipped  # no clip, no factor
+    # two fp32 norms of the same n numbers, one of them scaled by 1 − β₁ and back
+    assert_reordered_close(taken, norm, terms=n, scale=norm)
+    clipped_metrics, clipped, _ = first_moment(1.0)
+    assert clipped_metrics["train/grad_norm"] == norm  # logged before clipping: the same computation
+    assert_reordered_close(clipped, 1.0, terms=n)
+    assert clipped_metrics["train/clip_scale"] == pytest.approx(1.0 / norm, rel=1e-5)  # 1e-6 added to the norm
+    assert first_moment(10 * norm)[0]["train/clip_scale"] == 1.0  # a clip above the norm does not bind
+
+
 def test_variants_are_tb_settings():
     with pytest.raises(ConfigError, match="objective.tb_trust_region.*objective.type=tb"):
         load_config(None, ["--objective.type=grpo", "--objective.tb_trust_region=0.2"])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tba.errors import UserError
 
@@ -547,8 +547,27 @@ class TrainerConfig(_Section):
     """Length of the decay; default: until the last step (a longer one is cut where training ends)."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Floor of the decayed learning rate, as a fraction of ``lr``."""
-    grad_clip: float | None = Field(1.0, gt=0)
-    """Clip the global gradient norm to this; None disables clipping."""
+    grad_clip: float | Literal["auto"] | None = "auto"
+    """Clip the global gradient norm to this; None disables clipping. ``auto``: no clipping for
+    ``tb``, 1.0 for the other objectives. TB's gradient is about 1/β times larger than the others'
+    and varies a hundredfold between a batch with reward signal and one without (where it only
+    pulls toward the reference); a clip of 1.0 binds on every TB step and gives both the same
+    size, which on a real model keeps asynchronous TB from learning (benchmarks/README.md, "A real
+    pretrained model"). Adam bounds each weight's step either way."""
+
+    def clip_norm(self, objective: str) -> float | None:
+        """The gradient-norm clip for ``objective`` (``objective.type``), ``auto`` resolved."""
+        if self.grad_clip == "auto":
+            return None if objective == "tb" else 1.0
+        return self.grad_clip
+
+    @field_validator("grad_clip")
+    @classmethod
+    def _positive_clip(cls, value):
+        if isinstance(value, float | int) and not value > 0:
+            raise ValueError(f"grad_clip must be positive, None (no clipping) or 'auto', got {value}")
+        return value
+
     sync_interval: int = Field(1, ge=1)
     """k: publish weights to searchers every k steps."""
     max_replay_ratio: float | None = Field(1.0, gt=0)

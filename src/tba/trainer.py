@@ -327,7 +327,8 @@ class Trainer:
                 group["lr"] *= lr_scale
             metrics["train/tb_ess"] = lr_scale
         params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
+        clip = self.cfg.clip_norm(self.objective.type)
+        clip = math.inf if clip is None else clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         if math.isfinite(grad_norm):
@@ -336,6 +337,8 @@ class Trainer:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         self._schedule_step()  # after the optimizer, so step 0 uses the first warmup value
+        if clip < math.inf and math.isfinite(grad_norm):  # what the clip multiplied the gradient by
+            metrics["train/clip_scale"] = min(1.0, clip / (grad_norm + 1e-6))
         metrics.update(
             {
                 "train/grad_norm": grad_norm,

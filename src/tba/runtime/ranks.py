@@ -115,7 +115,7 @@ def rank_scales(batch: Batch, parts: list[list[int]], objective: str) -> list[fl
 
 # Metrics that are the same on every rank (global after the gradient reduction), and those that
 # are counts to add; the rest are means over each rank's groups, combined by its share of them.
-_SHARED = ("train/grad_norm", "train/beta", "train/lr", "train/skipped_steps")
+_SHARED = ("train/grad_norm", "train/clip_scale", "train/beta", "train/lr", "train/skipped_steps")
 _SUMMED = ("train/micro_batches", "train/oversize_groups")
 
 
