@@ -76,8 +76,8 @@ def group_metrics(batch: Batch) -> dict[str, float]:
       (assembled from a prompt's stored rollouts);
     - ``train/unfinished``: completions cut at ``generation.max_new_tokens``.
     """
-    k, n = batch.group_size, batch.num_groups
-    groups = [batch.rollouts[g * k : (g + 1) * k] for g in range(n)]
+    n = batch.num_groups
+    groups = [batch.group(g) for g in range(n)]
     return {
         "train/flat_groups": sum(len({r.reward for r in g}) == 1 for g in groups) / n,
         "train/mixed_groups": sum(len({r.policy_version for r in g}) > 1 for g in groups) / n,
@@ -99,11 +99,7 @@ def gather_ranks(values: torch.Tensor) -> torch.Tensor:
 def group_lengths(batch: Batch) -> list[tuple[int, int]]:
     """(prompt length, longest completion) of each group of ``batch``, in tokens: the group's padded
     size is group_size × their sum."""
-    k = batch.group_size
-    return [
-        (len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.rollouts[g * k : (g + 1) * k]))
-        for g in range(batch.num_groups)
-    ]
+    return [(len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.group(g))) for g in range(batch.num_groups)]
 
 
 def plan_micro_batches(
@@ -357,7 +353,7 @@ class Trainer:
         weights = self._micro_batch_weights(batch, plan)
         totals: dict[str, float] = {}
         for groups, share in zip(plan, weights, strict=True):
-            rollouts = [r for g in groups for r in batch.rollouts[g * k : (g + 1) * k]]
+            rollouts = [r for g in groups for r in batch.group(g)]
             prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
             with self.precision.autocast():
                 token_logp, mask = token_logprobs(
@@ -402,10 +398,10 @@ class Trainer:
         completions, K per group), so the share is its fraction of the groups; Online DPO averages
         over the groups whose rewards differ (the others hold no pair), so there it is its fraction
         of those."""
-        k, n = self.group_size, batch.num_groups
+        n = batch.num_groups
         if self.objective.type != "online_dpo":
             return [len(groups) / n for groups in plan]
-        rewards = [[r.reward for r in batch.rollouts[g * k : (g + 1) * k]] for g in range(n)]
+        rewards = [[r.reward for r in batch.group(g)] for g in range(n)]
         pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in groups) for groups in plan]
         total = sum(pairs)
         return [p / total if total else len(groups) / n for p, groups in zip(pairs, plan, strict=True)]

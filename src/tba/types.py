@@ -74,6 +74,11 @@ class Batch:
     def num_groups(self) -> int:
         return len(self.prompt_ids)
 
+    def group(self, g: int) -> list[Rollout]:
+        """The ``group_size`` rollouts of group ``g``."""
+        k = self.group_size
+        return self.rollouts[g * k : (g + 1) * k]
+
 
 @dataclass
 class EvalSettings:

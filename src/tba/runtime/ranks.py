@@ -90,12 +90,7 @@ def split_groups(sizes: list[int], ranks: int) -> list[list[int]]:
 
 def sub_batch(batch: Batch, groups: list[int]) -> Batch:
     """The groups ``groups`` of ``batch``, as a batch of their own."""
-    k = batch.group_size
-    return Batch(
-        [batch.prompt_ids[g] for g in groups],
-        [r for g in groups for r in batch.rollouts[g * k : (g + 1) * k]],
-        k,
-    )
+    return Batch([batch.prompt_ids[g] for g in groups], [r for g in groups for r in batch.group(g)], batch.group_size)
 
 
 def rank_scales(batch: Batch, parts: list[list[int]], objective: str) -> list[float]:
@@ -106,8 +101,7 @@ def rank_scales(batch: Batch, parts: list[list[int]], objective: str) -> list[fl
     sizes = [len(p) / n for p in parts]
     if objective != "online_dpo":
         return sizes
-    k = batch.group_size
-    rewards = [[r.reward for r in batch.rollouts[g * k : (g + 1) * k]] for g in range(n)]
+    rewards = [[r.reward for r in batch.group(g)] for g in range(n)]
     pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in p) for p in parts]
     total = sum(pairs)
     return [p / total for p in pairs] if total else sizes
