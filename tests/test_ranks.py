@@ -24,7 +24,8 @@ from tests.test_ray_survival import session_processes
 from tba.checkpoint import latest_checkpoint, read_trainer_state
 from tba.config import load_config
 from tba.metrics import read_metrics
-from tba.runtime.ranks import combine_metrics, rank_scales, split_groups, sub_batch
+from tba.runtime.ranks import combine_metrics, split_groups, sub_batch
+from tba.trainer import loss_shares
 from tba.types import Batch, Rollout
 
 
@@ -48,9 +49,9 @@ def _batch(rewards: list[list[float]]) -> Batch:
 def test_rank_shares_of_the_loss():
     batch = _batch([[0, 1], [1, 1], [0, 0], [1, 0]])
     parts = [[0, 1, 2], [3]]
-    assert rank_scales(batch, parts, "tb") == [0.75, 0.25]
-    assert rank_scales(batch, parts, "online_dpo") == [0.5, 0.5]  # groups 0 and 3 hold a pair
-    assert rank_scales(batch, [[1, 2], [0, 3]], "online_dpo") == [0.0, 1.0]
+    assert loss_shares(batch, parts, "tb") == [0.75, 0.25]
+    assert loss_shares(batch, parts, "online_dpo") == [0.5, 0.5]  # groups 0 and 3 hold a pair
+    assert loss_shares(batch, [[1, 2], [0, 3]], "online_dpo") == [0.0, 1.0]
     assert sub_batch(batch, [1, 3]).rollouts == batch.rollouts[2:4] + batch.rollouts[6:8]
 
 

@@ -102,6 +102,22 @@ def group_lengths(batch: Batch) -> list[tuple[int, int]]:
     return [(len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.group(g))) for g in range(batch.num_groups)]
 
 
+def loss_shares(batch: Batch, parts: list[list[int]], objective: str) -> list[float]:
+    """Each part's share of the batch's loss, ``parts`` being lists of group indices (a step's
+    micro-batches, or its trainer ranks, whose losses are weighted by it before their gradients are
+    summed). Losses are means over groups (or over their completions, K per group), so the share
+    is the part's fraction of the groups; Online DPO averages over the groups whose rewards differ
+    (the others hold no pair), so there it is its fraction of those."""
+    n = batch.num_groups
+    sizes = [len(p) / n for p in parts]
+    if objective != "online_dpo":
+        return sizes
+    rewards = [[r.reward for r in batch.group(g)] for g in range(n)]
+    pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in p) for p in parts]
+    total = sum(pairs)
+    return [p / total for p in pairs] if total else sizes
+
+
 def plan_micro_batches(
     sizes: list[tuple[int, int]], group_size: int, max_groups: int | None = None, max_tokens: int | None = None
 ) -> list[list[int]]:
@@ -350,7 +366,7 @@ class Trainer:
         sizes = group_lengths(batch)
         plan = plan_micro_batches(sizes, k, self.cfg.micro_batch_prompts, self.cfg.micro_batch_tokens)
         self._count_oversize([k * (p + c) for p, c in sizes])
-        weights = self._micro_batch_weights(batch, plan)
+        weights = loss_shares(batch, plan, self.objective.type)
         totals: dict[str, float] = {}
         for groups, share in zip(plan, weights, strict=True):
             rollouts = [r for g in groups for r in batch.group(g)]
@@ -392,19 +408,6 @@ class Trainer:
                 stacklevel=4,
             )
         self.oversize_groups += len(over)
-
-    def _micro_batch_weights(self, batch: Batch, plan: list[list[int]]) -> list[float]:
-        """Each micro-batch's share of the batch's loss. Losses are means over groups (or over their
-        completions, K per group), so the share is its fraction of the groups; Online DPO averages
-        over the groups whose rewards differ (the others hold no pair), so there it is its fraction
-        of those."""
-        n = batch.num_groups
-        if self.objective.type != "online_dpo":
-            return [len(groups) / n for groups in plan]
-        rewards = [[r.reward for r in batch.group(g)] for g in range(n)]
-        pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in groups) for groups in plan]
-        total = sum(pairs)
-        return [p / total if total else len(groups) / n for p, groups in zip(pairs, plan, strict=True)]
 
     def _objective(self, token_logp, mask, logp, ref, reward, rollouts, beta):
         """The configured objective on one micro-batch of whole groups."""

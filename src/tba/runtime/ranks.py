@@ -47,7 +47,7 @@ from tba.config import Config, ConfigError, build_config
 from tba.models.logprobs import unwrap
 from tba.models.precision import PeakMemory, Precision, cast_floats, cpu_rss_bytes
 from tba.runtime.errors import TrainerRankFailed
-from tba.trainer import group_lengths
+from tba.trainer import group_lengths, loss_shares
 from tba.types import Batch
 
 RANK_TIMEOUT_S = 1800.0
@@ -91,20 +91,6 @@ def split_groups(sizes: list[int], ranks: int) -> list[list[int]]:
 def sub_batch(batch: Batch, groups: list[int]) -> Batch:
     """The groups ``groups`` of ``batch``, as a batch of their own."""
     return Batch([batch.prompt_ids[g] for g in groups], [r for g in groups for r in batch.group(g)], batch.group_size)
-
-
-def rank_scales(batch: Batch, parts: list[list[int]], objective: str) -> list[float]:
-    """Each rank's share of the step's loss (what its loss is weighted by before the ranks' gradients
-    are summed): its fraction of the groups; for Online DPO, whose loss averages over the groups
-    whose rewards differ, its fraction of those."""
-    n = batch.num_groups
-    sizes = [len(p) / n for p in parts]
-    if objective != "online_dpo":
-        return sizes
-    rewards = [[r.reward for r in batch.group(g)] for g in range(n)]
-    pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in p) for p in parts]
-    total = sum(pairs)
-    return [p / total for p in pairs] if total else sizes
 
 
 # Metrics that are the same on every rank (global after the gradient reduction), and those that
@@ -382,7 +368,7 @@ class RankGroup:
     def update(self, batch: Batch, version: int) -> dict[str, float]:
         sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
-        scales = rank_scales(batch, parts, self.cfg.objective.type)
+        scales = loss_shares(batch, parts, self.cfg.objective.type)
         per_rank = self._call("update", [(sub_batch(batch, p), version, s) for p, s in zip(parts, scales, strict=True)])
         self.last_rank_metrics = per_rank
         return combine_metrics(per_rank, [len(p) / batch.num_groups for p in parts], scales)
