@@ -165,9 +165,7 @@ class NativeLoraGenerator:
         self.folder = Path(tempfile.mkdtemp())
         self.adapter = with_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), a)
         self.adapter.save_pretrained(self.folder)
-        self.engine = VLLMGenerator.__new__(VLLMGenerator)
-        self.engine.vllm, self.engine.eos_ids, self.engine.version = vllm, set(eos), -1
-        self.engine.llm = vllm.LLM(
+        llm = vllm.LLM(
             model=path,
             dtype=dtype,
             seed=0,
@@ -178,6 +176,7 @@ class NativeLoraGenerator:
             max_loras=1,
             **({"kv_cache_memory_bytes": int(a.kv_cache_gb * 2**30)} if device.type == "cpu" else {}),
         )
+        self.engine = VLLMGenerator.over(vllm, llm, eos)
         self.request = vllm.lora.request.LoRARequest("policy", 1, str(self.folder), load_inplace=True)
         generate = self.engine.llm.generate
         self.engine.llm.generate = lambda *args, **kw: generate(*args, lora_request=self.request, **kw)

@@ -336,6 +336,13 @@ class VLLMSettings(_Section):
     false on GPU."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prompt prefixes (the K samples of a prompt share it)."""
+    sleep: bool | None = None
+    """CUDA only: the engine gives its GPU memory back while it does not generate (vLLM's sleep
+    mode, level 1: KV cache freed, weights kept in host memory) and wakes for each weight load and
+    generation, so the trainer beside it can use the whole GPU. Costs a copy of the weights to the
+    host and back per step. Default: on for an engine in the trainer's process (the sync runtime on
+    a GPU), off for searcher and evaluation actors (they generate while the trainer trains); refused
+    on a CPU."""
 
     def memory_fraction(self, gpu_share: float | None) -> float:
         """The engine's ``gpu_memory_utilization`` in a process given ``gpu_share`` of a GPU (None:
@@ -343,6 +350,13 @@ class VLLMSettings(_Section):
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
         return 0.75 * min(gpu_share, 1.0) if gpu_share else 0.35
+
+    def sleeps(self, device_type: str, gpu_share: float | None) -> bool:
+        """Whether an engine on ``device_type`` given ``gpu_share`` of a GPU (None: it shares the
+        trainer's process and GPU) uses sleep mode."""
+        if self.sleep is not None:
+            return self.sleep
+        return device_type == "cuda" and gpu_share is None
 
 
 class GenerationConfig(_Section):

@@ -48,9 +48,20 @@ INSTALL_HINT = (
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-def check_vllm_backend(model_config, device: torch.device, what: str = "model.policy") -> None:
-    """Before anything starts: vLLM is installed, and on a CPU the model's attention head size is
-    one that vLLM's CPU attention takes (else its first forward pass fails deep in the engine)."""
+SLEEP_NEEDS_CUDA = (
+    "generation.vllm.sleep=true needs a CUDA GPU (vLLM's sleep mode gives GPU memory back; on {device} it "
+    "does nothing): set generation.vllm.sleep=false or leave it unset"
+)
+
+
+def check_vllm_backend(
+    model_config, device: torch.device, what: str = "model.policy", sleep: bool | None = None
+) -> None:
+    """Before anything starts: vLLM is installed, sleep mode is asked for on a CUDA device only, and
+    on a CPU the model's attention head size is one that vLLM's CPU attention takes (else its first
+    forward pass fails deep in the engine)."""
+    if sleep and device.type != "cuda":
+        raise ConfigError(SLEEP_NEEDS_CUDA.format(device=device.type))
     if importlib.util.find_spec("vllm") is None:
         raise MissingDependency(INSTALL_HINT)
     if device.type != "cpu" or model_config is None:
@@ -93,22 +104,24 @@ class VLLMGenerator:
         enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
         trust_remote_code: bool = False,
+        sleep: bool = False,
     ):
         """An engine over ``model_path`` (a Hugging Face folder or hub id). On a CPU the KV cache
         takes ``kv_cache_gb`` GiB; on a GPU the engine takes ``gpu_memory_utilization`` of the
         device's memory. ``enforce_eager`` defaults to true on a CPU (compiling takes most of a
-        minute there) and false on a GPU (CUDA graphs)."""
-        vllm = import_vllm()
-        self.vllm = vllm
-        self.eos_ids = set(eos_ids)
+        minute there) and false on a GPU (CUDA graphs). ``sleep``: the engine gives its GPU memory
+        back between generation calls (:class:`SleepCycle`; CUDA only)."""
         cpu = device.type == "cpu"
+        if sleep and device.type != "cuda":
+            raise ConfigError(SLEEP_NEEDS_CUDA.format(device=device.type))
+        vllm = import_vllm()
         memory = (
             {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
             if cpu
             else {"gpu_memory_utilization": gpu_memory_utilization}
         )
         try:
-            self.llm = vllm.LLM(
+            llm = vllm.LLM(
                 model=model_path,
                 dtype=dtype,
                 seed=seed,
@@ -117,6 +130,7 @@ class VLLMGenerator:
                 enable_prefix_caching=enable_prefix_caching,
                 logprobs_mode="raw_logprobs",
                 trust_remote_code=trust_remote_code,
+                **({"enable_sleep_mode": True} if sleep else {}),
                 **memory,
             )
         except Exception as err:  # vLLM raises many kinds; each means the same to a user
@@ -126,6 +140,20 @@ class VLLMGenerator:
                 f"the vLLM engine did not start on {model_path}: {reason[:400]} -- check {size} and "
                 "generation.vllm.max_model_len, or use generation.backend=hf"
             ) from err
+        self._attach(vllm, llm, eos_ids, sleep)
+
+    @classmethod
+    def over(cls, vllm, llm, eos_ids: set[int], sleep: bool = False) -> VLLMGenerator:
+        """A generator over an engine that is already running (``llm``, from module ``vllm``)."""
+        self = cls.__new__(cls)
+        self._attach(vllm, llm, eos_ids, sleep)
+        return self
+
+    def _attach(self, vllm, llm, eos_ids: set[int], sleep: bool) -> None:
+        self.vllm, self.llm, self.eos_ids = vllm, llm, set(eos_ids)
+        self.cycle = SleepCycle(llm) if sleep else None
+        if self.cycle is not None:
+            self.cycle.sleep()  # until its first weights or generation: the trainer may need the memory first
         self.version = -1
 
     @torch.no_grad()
@@ -142,7 +170,14 @@ class VLLMGenerator:
             detokenize=False,
         )
         requests = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        if self.cycle is None:
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        else:
+            self.cycle.wake()
+            try:
+                outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+            finally:
+                self.cycle.sleep()  # the trainer's turn
         copies = params.n if params.greedy else 1  # K separate copies of the one greedy completion
         return [[self._completion(c, params.logprobs) for c in out.outputs for _ in range(copies)] for out in outputs]
 
@@ -158,9 +193,47 @@ class VLLMGenerator:
         """Load a published full state dict (Hugging Face parameter names; or ``(name, tensor)``
         pairs) into the running engine."""
         pairs = state_dict.items() if isinstance(state_dict, dict) else state_dict
+        if self.cycle is not None:
+            self.cycle.wake_weights()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = version
+
+
+class SleepCycle:
+    """When an engine that shares its GPU with the trainer holds memory (``generation.vllm.sleep``).
+
+    Asleep (vLLM's sleep level 1) the engine's KV cache is discarded and its weights wait in host
+    memory, so the trainer's forward, backward and optimizer step have the GPU to themselves. A
+    weight load wakes the weights only (``wake_up(tags=["weights"])``) and writes the new ones over
+    them; generation then wakes the KV cache (allocated again, so the prefix cache, which pointed
+    into the old one, is reset) and the engine sleeps again as soon as the batch is done. Waking
+    weights and KV cache one after the other keeps the peak at weights + new weights' transfer, not
+    weights + KV cache + transfer. Level 1, not 2: the weights a wake restores must be right even
+    when no publication comes before the next generation (``trainer.sync_interval`` > 1, an
+    evaluation)."""
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.weights_awake = True
+        self.kv_awake = True
+
+    def sleep(self) -> None:
+        if self.weights_awake or self.kv_awake:
+            self.llm.sleep(level=1)
+            self.weights_awake = self.kv_awake = False
+
+    def wake_weights(self) -> None:
+        if not self.weights_awake:
+            self.llm.wake_up(tags=["weights"])
+            self.weights_awake = True
+
+    def wake(self) -> None:
+        self.wake_weights()
+        if not self.kv_awake:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.llm.reset_prefix_cache()  # the blocks it pointed to were freed
+            self.kv_awake = True
 
 
 class MergedLoraGenerator:

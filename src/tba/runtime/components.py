@@ -106,7 +106,7 @@ def check_models(cfg: Config, log=print) -> None:
     if cfg.generation.backend == "vllm":
         from tba.generation.vllm_backend import check_vllm_backend
 
-        check_vllm_backend(config, resolve_device(cfg.run.device))
+        check_vllm_backend(config, resolve_device(cfg.run.device), sleep=cfg.generation.vllm.sleep)
 
 
 def make_buffer(cfg: Config) -> ReplayBuffer:
@@ -181,6 +181,7 @@ def make_generator(
         **{  # the engine settings, named as the generator names them
             **settings.model_dump(),
             "gpu_memory_utilization": settings.memory_fraction(gpu_share),
+            "sleep": settings.sleeps(device.type, gpu_share),
         },
     )
     if cfg.model.lora is not None:
