@@ -393,3 +393,42 @@ def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint
     c.trainer.ingest(groups + c.searcher.step())
     batch = c.buffer.sample(2, cfg.generation.group_size)
     assert batch.group_size == 4 and len(batch.rollouts) == 8
+
+
+def test_the_searchers_reference_pass_is_cut_as_the_trainers_passes_are(tiny_checkpoint):
+    from tba.config import load_config
+    from tba.runtime.components import build_components
+
+    budget = 40
+    cfg = load_config(
+        None,
+        [
+            f"--model.policy={tiny_checkpoint}",
+            "--task.digits=1",
+            "--task.eval_size=10",
+            "--generation.group_size=4",
+            "--generation.prompts_per_batch=4",
+            "--trainer.batch_prompts=2",
+            "--trainer.micro_batch_prompts=1",
+            f"--trainer.micro_batch_tokens={budget}",
+        ],
+    )
+    c = build_components(cfg, log=lambda m: None)
+    s = c.searcher
+    assert (s.ref_micro_batch, s.ref_max_tokens) == (4, budget)  # one group's sequences, the trainer's budget
+    c.trainer.publish()
+    passes = []
+
+    def record(module, args, kwargs, out):
+        passes.append(tuple(kwargs["input_ids"].shape))
+
+    hook = s.reference.register_forward_hook(record, with_kwargs=True)
+    groups = s.step()
+    hook.remove()
+    assert len(passes) > 1 and all(n * length <= budget or n == 1 for n, length in passes), passes
+    pad = c.tokenizer.pad_token_id
+    for g in groups:  # the values one pass over the group gives
+        prompts = [g.prompt_ids] * g.size
+        whole = sequence_logprobs(s.reference, prompts, g.completions, pad, c.eos_ids)
+        terms = model_terms(s.reference.config, padded_positions(prompts, g.completions))
+        assert_reordered_close(torch.tensor(g.ref_logps), whole, terms=terms)

@@ -57,6 +57,7 @@ class Searcher:
         chat_template: bool | None = None,
         unfinished_reward: float | None = None,
         ref_micro_batch: int | None = None,
+        ref_max_tokens: int | None = None,
         ref_reset_every: int | None = None,
     ):
         self.task = task
@@ -71,7 +72,8 @@ class Searcher:
         self.rng = random.Random(seed * 1000 + searcher_id)
         self.chat_template = chat_template
         self.unfinished_reward = unfinished_reward
-        self.ref_micro_batch = ref_micro_batch
+        self.ref_micro_batch = ref_micro_batch  # sequences per reference forward pass
+        self.ref_max_tokens = ref_max_tokens  # padded tokens per reference forward pass
         self.ref_reset_every = ref_reset_every  # TBA′: the reference follows the policy every ρ steps
         self.ref_epoch = 0
         self.version = -1  # no weights loaded yet
@@ -162,6 +164,7 @@ class Searcher:
                 self.tokenizer.pad_token_id,
                 self.eos_ids,
                 micro_batch=self.ref_micro_batch,
+                max_tokens=self.ref_max_tokens,
             ).tolist()
         groups, i = [], 0
         for prompt, ids, items in zip(prompts, prompt_ids, kept, strict=True):

@@ -286,21 +286,48 @@ def sequence_logprobs(
     eos_ids: int | set[int] | None = None,
     temperature: float = 1.0,
     micro_batch: int | None = None,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Sum of completion-token log-probs per sequence, ``[N]``; differentiable unless under no_grad.
 
-    ``micro_batch`` splits the forward passes (the results are concatenated).
+    ``micro_batch`` (sequences) and ``max_tokens`` (sequences × their longest prompt + longest
+    completion, padding included) bound each forward pass; with a token budget the sequences are
+    taken shortest first, so like lengths share a pass. A sequence over the budget runs alone. The
+    results come back in the given order.
     """
-    if micro_batch is None or micro_batch >= len(prompts):
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+    chunks = forward_chunks(lengths, micro_batch, max_tokens)
+    if len(chunks) <= 1:
         logp, _ = token_logprobs(model, prompts, completions, pad_id, eos_ids, temperature)
         return logp.sum(-1)
-    parts = [
-        token_logprobs(
-            model, prompts[i : i + micro_batch], completions[i : i + micro_batch], pad_id, eos_ids, temperature
-        )[0].sum(-1)
-        for i in range(0, len(prompts), micro_batch)
-    ]
-    return torch.cat(parts)
+    out: list[torch.Tensor | None] = [None] * len(prompts)
+    for chunk in chunks:
+        logp, _ = token_logprobs(
+            model, [prompts[i] for i in chunk], [completions[i] for i in chunk], pad_id, eos_ids, temperature
+        )
+        for i, value in zip(chunk, logp.sum(-1), strict=True):
+            out[i] = value
+    return torch.stack(out)
+
+
+def forward_chunks(lengths: list[int], max_items: int | None, max_tokens: int | None) -> list[list[int]]:
+    """Indices per forward pass: at most ``max_items`` sequences and ``max_tokens`` padded tokens
+    (count × longest) each, shortest first under a token budget (stable), else in order."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i]) if max_tokens is not None else range(len(lengths))
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        full = max_items is not None and len(current) >= max_items
+        over = max_tokens is not None and (len(current) + 1) * max(longest, lengths[i]) > max_tokens
+        if current and (full or over):
+            chunks.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, lengths[i])
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 @torch.no_grad()

@@ -201,7 +201,7 @@ def make_searcher(
 ) -> Searcher:
     """A searcher over ``sampler`` (with the vLLM backend, whose engine holds the policy: None, or a
     LoRA policy's PEFT copy)."""
-    g = cfg.generation
+    g, t = cfg.generation, cfg.trainer
     eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference)
     temperature = (
         g.searcher_temperatures[searcher_id % len(g.searcher_temperatures)]
@@ -236,6 +236,12 @@ def make_searcher(
         chat_template=cfg.model.chat_template,
         unfinished_reward=g.unfinished_reward,
         ref_reset_every=cfg.objective.ref_reset_every if cfg.objective.type == "tb" else None,
+        # the reference pass is cut as the trainer's forward passes are (it holds no activations for
+        # a backward pass, so what fits the trainer fits it)
+        ref_micro_batch=t.micro_batch_prompts * (g.samples_per_prompt or g.group_size)
+        if t.micro_batch_prompts
+        else None,
+        ref_max_tokens=t.micro_batch_tokens,
     )
 
 
