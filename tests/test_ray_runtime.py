@@ -237,7 +237,7 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cach
 
 
 def test_a_local_ray_instance_gets_every_gpu_but_the_trainers():
-    from tba.runtime.distributed import searcher_gpu_ids
+    from tba.runtime.gpus import searcher_gpu_ids
 
     cuda, cuda2 = torch.device("cuda"), torch.device("cuda:2")
     assert searcher_gpu_ids(cuda, None, 4) == "1,2,3"

@@ -623,8 +623,9 @@ class EvalConfig(_Section):
     of the step being evaluated, while the trainer goes on; results are logged at that step."""
     eval_cpus: float = Field(1.0, gt=0)
     """CPUs reserved for the evaluation actor (``eval.async``)."""
-    eval_gpus: float = Field(0.0, ge=0)
-    """GPUs for the evaluation actor (``eval.async``; fractions share one)."""
+    eval_gpus: float | None = Field(None, ge=0)
+    """GPUs for the evaluation actor (``eval.async``; fractions share one). Default: as a searcher's
+    (``runtime.searcher_gpus``), the actor counting as one more."""
 
     @model_validator(mode="after")
     def _check_k(self) -> EvalConfig:
@@ -643,8 +644,10 @@ class RuntimeConfig(_Section):
     """Searcher actors (``ray`` runtime)."""
     searcher_cpus: float = Field(1.0, gt=0)
     """CPUs reserved per searcher; its torch thread count follows (at least one thread)."""
-    searcher_gpus: float = Field(0.0, ge=0)
-    """GPUs per searcher (fractions share one)."""
+    searcher_gpus: float | None = Field(None, ge=0)
+    """GPUs per searcher (fractions share one). Default: none on a CPU run; on a CUDA run an equal
+    share of the GPUs Ray has (a whole one each while there are enough; with one GPU, shared with
+    the trainer: 1/(searchers + 1) of it). 0 on a CUDA run is refused (Ray would hide every GPU)."""
     searcher_resources: dict[str, float] = {}
     """Custom Ray resources per searcher, to place searchers on chosen nodes (``{"searcher": 1}``)."""
     trainer_cpus: int | None = Field(None, ge=1)
@@ -786,7 +789,8 @@ class Config(_Section):
             )
         share = self.runtime.searcher_gpus
         fraction = self.generation.vllm.gpu_memory_utilization
-        if self.runtime.type == "ray" and fraction is not None and 0 < share < 1 and fraction > share:
+        fractional = share is not None and 0 < share < 1
+        if self.runtime.type == "ray" and fraction is not None and fractional and fraction > share:
             raise ValueError(
                 f"generation.vllm.gpu_memory_utilization={fraction} is more than a searcher's share of its GPU "
                 f"(runtime.searcher_gpus={share}): the searchers that share a GPU would not all fit. Set it below "

@@ -15,6 +15,12 @@ from typing import Protocol
 import torch
 
 
+def to_host(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of ``state_dict`` in host memory, for another process: Ray pickles a CUDA tensor as
+    one, which a process without that GPU cannot load."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+
+
 class WeightStore(Protocol):
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
 

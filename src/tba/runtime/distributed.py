@@ -39,7 +39,7 @@ import torch
 from rich.console import Console
 
 from tba import allocator
-from tba.config import Config, build_config
+from tba.config import Config
 from tba.console import RunDisplay
 from tba.errors import interrupt_on_sigterm
 from tba.evaluation import write_samples
@@ -61,8 +61,10 @@ from tba.runtime.common import (
 )
 from tba.runtime.components import Components, build_components, build_searcher, seed_everything
 from tba.runtime.eval_actor import BackgroundEvaluation, Finished
+from tba.runtime.gpus import actor_config, driver_device, gpu_shares, searcher_gpu_ids
 from tba.runtime.ranks import rank_cpus, searcher_cpus
 from tba.runtime.restarts import SearcherPool
+from tba.weights import to_host
 
 # Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
 # incarnations had counted, so the run's totals keep growing.
@@ -104,7 +106,7 @@ class RayWeightStore:
         self.board = board
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        ref = ray.put({k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()})
+        ref = ray.put(to_host(state_dict))
         ray.get(self.board.set.remote(version, [ref]))
 
     def latest_version(self) -> int:
@@ -160,7 +162,7 @@ class SearcherWorker:
         torch.set_num_threads(threads)
         if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
             sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
-        cfg = build_config(cfg_data)
+        cfg = actor_config(cfg_data, ray.get_gpu_ids())
         seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
         self.searcher = build_searcher(cfg, RayWeightStore(board), searcher_id, log=lambda msg: None)
         self.inbox = inbox
@@ -186,25 +188,9 @@ class SearcherWorker:
                 return batches
 
 
-def searcher_gpu_ids(trainer_device: torch.device, visible: str | None, count: int) -> str | None:
-    """The GPUs a local Ray instance may hand to searchers, as a ``CUDA_VISIBLE_DEVICES`` value:
-    every visible GPU but the trainer's when there are several (None: leave them all, as with one
-    GPU, which trainer and searchers then share, or none). ``visible`` is this process's
-    ``CUDA_VISIBLE_DEVICES`` (None: all ``count`` GPUs)."""
-    if trainer_device.type != "cuda" or count < 2:
-        return None
-    ids = (
-        [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else [str(i) for i in range(count)]
-    )
-    index = trainer_device.index or 0
-    if len(ids) < 2 or index >= len(ids):
-        return None
-    return ",".join(ids[:index] + ids[index + 1 :])
-
-
 def _init_ray(cfg: Config, trainer_device: torch.device | None = None) -> bool:
     """Join the configured cluster, or start a local instance; True if we started it. A local
-    instance gets every GPU but the trainer's when the machine has several (:func:`searcher_gpu_ids`):
+    instance gets every GPU but the trainer's when the machine has several (:func:`tba.runtime.gpus.searcher_gpu_ids`):
     Ray hands GPUs out without knowing that this process trains on one."""
     if ray.is_initialized():
         return False
@@ -271,7 +257,8 @@ def ray_session(cfg: Config):
     watchdog = _start_watchdog(cfg)
     started, old_sigterm = False, None
     try:
-        started = _init_ray(cfg)
+        # this process generates and keeps the policy copy on its device: Ray must not give it to a rank
+        started = _init_ray(cfg, driver_device(cfg, resolve_device(cfg.run.device)))
         old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
         yield
     finally:
@@ -300,7 +287,10 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     inbox, c = None, None
     try:
         # the trainer's own GPU is kept from Ray, unless ranks train (they get theirs from Ray)
-        started_ray = _init_ray(cfg, resolve_device(cfg.run.device) if cfg.trainer.num_ranks == 1 else None)
+        device = resolve_device(cfg.run.device)
+        started_ray = _init_ray(cfg, driver_device(cfg, device))
+        shared = started_ray and not cfg.runtime.address and torch.cuda.device_count() == 1
+        cfg = gpu_shares(cfg, device, ray.cluster_resources().get("GPU", 0.0), trainer_gpu_shared=shared)
         # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
         old_sigterm = interrupt_on_sigterm()
         run_id = uuid.uuid4().hex[:12]

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from tba.config import Config, build_config
+from tba.config import Config
+from tba.runtime.gpus import actor_config
+from tba.weights import to_host
 
 
 @dataclass
@@ -35,7 +37,7 @@ class EvalWorker:
         torch.set_num_threads(threads)
         from tba.runtime.components import load_evaluator
 
-        cfg = build_config(cfg_data)
+        cfg = actor_config(cfg_data, ray.get_gpu_ids())
         self.evaluator = load_evaluator(cfg, log=lambda _: None, gpu_share=cfg.eval.eval_gpus)
 
     def evaluate(self, step: int, weights: dict[str, torch.Tensor]) -> Finished:
@@ -63,7 +65,7 @@ class BackgroundEvaluation:
         start = time.perf_counter()
         done = self.finish()
         self.waited_s += time.perf_counter() - start
-        self._pending = self.actor.evaluate.remote(step, weights)
+        self._pending = self.actor.evaluate.remote(step, to_host(weights))  # a CUDA tensor would need a GPU there
         return done
 
     def poll(self) -> list[Finished]:

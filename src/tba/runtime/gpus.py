@@ -1,0 +1,109 @@
+"""Which GPUs the processes of a run use: the trainer's own (kept from Ray), the shares of a GPU
+that searcher and evaluation actors ask Ray for, and the device an actor names once Ray has made
+its GPUs the only visible ones.
+
+- **The trainer's GPU.** The ``tba train`` process trains (and, in the sync runtime, generates and
+  holds the policy copy beside trainer ranks) on ``run.device`` without Ray knowing: a local Ray
+  instance is started on every GPU but that one when there are several (:func:`searcher_gpu_ids`).
+  With one GPU, trainer and actors share it.
+- **Actors' shares** (``runtime.searcher_gpus``, ``eval.eval_gpus``; unset: :func:`gpu_shares`). On a
+  CUDA run every searcher (and the evaluation actor of ``eval.async``) takes an equal share of the
+  GPUs Ray has left after the trainer ranks: a whole GPU each while there are enough, else
+  1/n of one, n actors to a GPU; with the trainer's GPU as the only one, the trainer counts as one
+  more. A share of 0 on a CUDA run is refused: Ray then gives the actor no GPU, and depending on
+  its version and ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` the actor sees none (and cannot start)
+  or sees every GPU without Ray counting it (and lands on GPU 0 beside whatever runs there).
+- **Inside an actor** Ray sets ``CUDA_VISIBLE_DEVICES`` to the actor's GPUs, so ``run.device=cuda:3``
+  means ``cuda:0`` there (:func:`actor_config`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tba.config import Config, ConfigError, build_config
+
+
+def searcher_gpu_ids(trainer_device: torch.device, visible: str | None, count: int) -> str | None:
+    """The GPUs a local Ray instance may hand to searchers, as a ``CUDA_VISIBLE_DEVICES`` value:
+    every visible GPU but the trainer's when there are several (None: leave them all, as with one
+    GPU, which trainer and searchers then share, or none). ``visible`` is this process's
+    ``CUDA_VISIBLE_DEVICES`` (None: all ``count`` GPUs)."""
+    if trainer_device.type != "cuda" or count < 2:
+        return None
+    ids = (
+        [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else [str(i) for i in range(count)]
+    )
+    index = trainer_device.index or 0
+    if len(ids) < 2 or index >= len(ids):
+        return None
+    return ",".join(ids[:index] + ids[index + 1 :])
+
+
+def driver_device(cfg: Config, device: torch.device) -> torch.device | None:
+    """The device of the ``tba train`` process that Ray must not hand out (None: it uses none Ray
+    knows of). The ray runtime with trainer ranks keeps its policy copy on the CPU; every other set-up
+    trains or generates on ``device`` (the sync runtime with ranks: the engine and the policy copy)."""
+    if cfg.runtime.type == "ray" and cfg.trainer.num_ranks > 1:
+        return None
+    return device if device.type == "cuda" else None
+
+
+def share_of(actors: int, gpus: float, with_trainer: bool) -> float:
+    """One actor's share when ``actors`` share ``gpus`` GPUs (and the trainer too, on the only GPU,
+    when ``with_trainer``): a whole GPU each if there are enough, else 1/n of one with n per GPU."""
+    if with_trainer:
+        return 1.0 / (actors + 1)
+    per_gpu = math.ceil(actors / int(gpus))
+    return 1.0 if per_gpu == 1 else 1.0 / per_gpu
+
+
+def gpu_shares(cfg: Config, device: torch.device, ray_gpus: float, trainer_gpu_shared: bool) -> Config:
+    """``cfg`` with ``runtime.searcher_gpus`` and ``eval.eval_gpus`` set: as given, else derived from
+    the GPUs Ray has (``ray_gpus``; ``trainer_gpu_shared``: they are the trainer's one GPU). A CPU run
+    gives actors no GPU. Raises :class:`ConfigError` for a CUDA run whose actors would get none."""
+    r, e = cfg.runtime, cfg.eval
+    searcher, evaluation = r.searcher_gpus, e.eval_gpus
+    if device.type != "cuda":
+        return _with(cfg, searcher or 0.0, evaluation or 0.0)
+    wanted = [("runtime.searcher_gpus", searcher)] + ([("eval.eval_gpus", evaluation)] if e.async_ else [])
+    for key, value in wanted:
+        if value == 0:
+            raise ConfigError(
+                f"{key}=0 on a CUDA run (run.device={cfg.run.device}): Ray gives an actor that asks for no GPU "
+                "none of its own (it sees no GPU, or all of them uncounted, by Ray's version). Give it a share "
+                f"(e.g. {key}=0.5) or leave it unset"
+            )
+    actors = (r.num_searchers if searcher is None else 0) + (1 if e.async_ and evaluation is None else 0)
+    if actors:
+        free = ray_gpus - (cfg.trainer.num_ranks if cfg.trainer.num_ranks > 1 else 0)
+        if free < 1:
+            raise ConfigError(
+                f"run.device={cfg.run.device}: Ray has {ray_gpus:g} GPU(s) and the trainer ranks take "
+                f"{cfg.trainer.num_ranks}, leaving none for the searchers{' and evaluation' if e.async_ else ''}; "
+                "set runtime.searcher_gpus (and eval.eval_gpus) to share theirs, or lower trainer.num_ranks"
+            )
+        share = share_of(actors, free, trainer_gpu_shared and cfg.trainer.num_ranks == 1)
+        searcher = share if searcher is None else searcher
+        evaluation = share if evaluation is None and e.async_ else evaluation
+    return _with(cfg, searcher, evaluation or 0.0)
+
+
+def _with(cfg: Config, searcher: float, evaluation: float) -> Config:
+    data = cfg.model_dump(mode="json", by_alias=True)
+    data["runtime"]["searcher_gpus"] = searcher
+    data["eval"]["eval_gpus"] = evaluation
+    return build_config(data)
+
+
+def actor_config(cfg_data: dict, gpu_ids: list) -> Config:
+    """The config an actor builds its parts from: ``run.device=cuda:N`` becomes ``cuda`` when Ray has
+    given the actor GPUs (``gpu_ids``, from ``ray.get_gpu_ids()``), which it numbers from 0."""
+    cfg = build_config(cfg_data)
+    if gpu_ids and cfg.run.device.startswith("cuda:"):
+        data = cfg.model_dump(mode="json", by_alias=True)
+        data["run"]["device"] = "cuda"
+        cfg = build_config(data)
+    return cfg

@@ -1,0 +1,64 @@
+"""Which GPUs a run's processes take (``tba.runtime.gpus``): pure functions of the config and of
+what Ray has, so they are tested here without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tba.config import ConfigError, load_config
+from tba.runtime.gpus import actor_config, driver_device, gpu_shares, searcher_gpu_ids
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def shares(overrides: list[str], ray_gpus: float, shared: bool = False, device=CUDA) -> tuple[float, float]:
+    cfg = gpu_shares(load_config(None, ["--run.device=cuda", *overrides]), device, ray_gpus, shared)
+    return cfg.runtime.searcher_gpus, cfg.eval.eval_gpus
+
+
+def test_searchers_share_the_one_gpu_with_the_trainer():
+    assert shares([], ray_gpus=1, shared=True) == (0.5, 0.0)
+    assert shares(["--runtime.num_searchers=3"], ray_gpus=1, shared=True) == (0.25, 0.0)
+    # the evaluation actor counts as one more
+    assert shares(["--eval.async=true"], ray_gpus=1, shared=True) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+
+
+def test_searchers_take_whole_gpus_while_there_are_enough_then_pack():
+    assert shares(["--runtime.num_searchers=2"], ray_gpus=7) == (1.0, 0.0)
+    assert shares(["--runtime.num_searchers=7", "--eval.async=true"], ray_gpus=7) == (0.5, 0.5)  # 8 actors, 7 GPUs
+    assert shares(["--runtime.num_searchers=6"], ray_gpus=3) == (0.5, 0.0)
+    # trainer ranks take their GPUs from Ray first
+    assert shares(["--runtime.num_searchers=2", "--trainer.num_ranks=4", "--trainer.batch_prompts=16"], 8) == (1.0, 0.0)
+
+
+def test_given_shares_are_kept_and_a_cpu_run_takes_no_gpu():
+    assert shares(["--runtime.searcher_gpus=0.25", "--eval.async=true", "--eval.eval_gpus=1"], 1, True) == (0.25, 1.0)
+    assert shares(["--runtime.searcher_gpus=0.25", "--eval.async=true"], 1, True) == (0.25, 0.5)
+    cfg = gpu_shares(load_config(None, []), CPU, ray_gpus=0, trainer_gpu_shared=False)
+    assert (cfg.runtime.searcher_gpus, cfg.eval.eval_gpus) == (0.0, 0.0)
+
+
+def test_a_cuda_run_whose_actors_would_get_no_gpu_is_refused():
+    with pytest.raises(ConfigError, match=r"runtime.searcher_gpus=0 on a CUDA run.*none of its own"):
+        shares(["--runtime.searcher_gpus=0"], ray_gpus=1, shared=True)
+    with pytest.raises(ConfigError, match=r"eval.eval_gpus=0 on a CUDA run"):
+        shares(["--eval.async=true", "--eval.eval_gpus=0"], ray_gpus=2)
+    with pytest.raises(ConfigError, match=r"Ray has 4 GPU\(s\) and the trainer ranks take 4, leaving none"):
+        shares(["--trainer.num_ranks=4", "--trainer.batch_prompts=16"], ray_gpus=4)
+
+
+def test_the_driver_keeps_its_gpu_from_ray_unless_ray_ranks_hold_the_policy():
+    cuda1 = torch.device("cuda", 1)
+    assert driver_device(load_config(None, ["--runtime.type=sync", "--trainer.num_ranks=2"]), cuda1) == cuda1
+    assert driver_device(load_config(None, ["--runtime.type=ray"]), cuda1) == cuda1
+    assert driver_device(load_config(None, ["--runtime.type=ray", "--trainer.num_ranks=2"]), cuda1) is None
+    assert driver_device(load_config(None, ["--runtime.type=sync"]), CPU) is None
+    assert searcher_gpu_ids(cuda1, None, 4) == "0,2,3"
+
+
+def test_an_actor_names_its_gpu_as_ray_numbers_it():
+    data = load_config(None, ["--run.device=cuda:3"]).model_dump(mode="json")
+    assert actor_config(data, gpu_ids=[3]).run.device == "cuda"  # Ray made GPU 3 the actor's cuda:0
+    assert actor_config(data, gpu_ids=[]).run.device == "cuda:3"  # no GPU from Ray: left as given
+    assert actor_config(load_config(None, ["--run.device=cuda"]).model_dump(mode="json"), [0]).run.device == "cuda"
