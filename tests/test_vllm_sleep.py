@@ -4,6 +4,7 @@ CUDA: ``tests/test_gpu.py`` runs it there). No vLLM needed."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -53,7 +54,8 @@ WEIGHTS = {"a": torch.zeros(2), "b": torch.ones(2)}
 
 def generator(sleep: bool, **kw) -> tuple[VLLMGenerator, RecordingEngine]:
     engine = RecordingEngine(**kw)
-    return VLLMGenerator.over(FAKE_VLLM, engine, {2}, sleep=sleep), engine
+    release = lambda: engine.calls.append("release")  # noqa: E731  (torch.cuda.empty_cache on a GPU)
+    return VLLMGenerator.over(FAKE_VLLM, engine, {2}, sleep=sleep, release=release), engine
 
 
 def test_a_sleeping_engine_sleeps_from_the_start_and_after_each_generation():
@@ -62,18 +64,27 @@ def test_a_sleeping_engine_sleeps_from_the_start_and_after_each_generation():
     engine.calls.clear()
 
     gen.load_weights(WEIGHTS, version=1)  # weights first, the KV cache only when it generates
-    assert engine.calls == ["wake_up(weights)", "reload_weights(a,b)", "reset_prefix_cache"]
+    # the trainer's cached, unused blocks go back to the device first: vLLM allocates outside that cache
+    assert engine.calls == ["release", "wake_up(weights)", "reload_weights(a,b)", "reset_prefix_cache"]
     assert gen.version == 1
     engine.calls.clear()
 
     groups = gen.generate([[1, 3], [1, 4]], PARAMS)
     assert [[c.token_ids for c in g] for g in groups] == [[[5, 2]] * 2] * 2
     # the KV cache comes back empty: the prefix cache, which pointed into the old one, is reset
-    assert engine.calls == ["wake_up(kv_cache)", "reset_prefix_cache", "generate(2)", "sleep(1)"]
+    assert engine.calls == ["release", "wake_up(kv_cache)", "reset_prefix_cache", "generate(2)", "sleep(1)"]
     engine.calls.clear()
 
     gen.generate([[1, 3]], PARAMS)  # no new weights since (sync_interval > 1, an evaluation)
-    assert engine.calls == ["wake_up(weights)", "wake_up(kv_cache)", "reset_prefix_cache", "generate(1)", "sleep(1)"]
+    assert engine.calls == [
+        "release",
+        "wake_up(weights)",
+        "release",
+        "wake_up(kv_cache)",
+        "reset_prefix_cache",
+        "generate(1)",
+        "sleep(1)",
+    ]
 
 
 def test_a_failed_generation_still_gives_the_memory_back():
@@ -119,6 +130,13 @@ def test_sleep_on_a_cpu_is_refused_before_anything_starts():
         vllm_backend.check_vllm_backend(None, torch.device("cpu"), sleep=True)
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):  # and by the engine itself, before vLLM loads
         VLLMGenerator("unused", {2}, torch.device("cpu"), torch.float32, sleep=True)
+
+
+def test_a_multiprocess_engine_asked_for_by_the_environment_is_overridden_with_a_warning(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.warns(UserWarning, match="cannot send"):
+        vllm_backend.in_process_engines()  # what import_vllm does before it imports vLLM
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 def test_sleep_is_a_config_key_that_takes_a_bool_or_nothing():

@@ -75,10 +75,28 @@ def check_vllm_backend(
         )
 
 
+def in_process_engines() -> None:
+    """Make vLLM build its engines in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+    Not a preference: weights reach the engine as an iterator of tensors
+    (``collective_rpc("reload_weights", ...)``), which vLLM's multiprocess client cannot send (its
+    msgpack encoder refuses iterators, and turns tensors in a list into plain lists), so a ``1``
+    from the environment is overridden, with a warning."""
+    given = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if given.strip().lower() not in ("0", "false"):
+        warnings.warn(
+            f"VLLM_ENABLE_V1_MULTIPROCESSING={given!r} is overridden: tba runs its vLLM engines in process, "
+            "since published weights are handed to the engine as tensors, which vLLM's multiprocess client "
+            "cannot send",
+            stacklevel=3,
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
 def import_vllm():
-    """The ``vllm`` module, imported in in-process mode and with errors only on the console
-    (``VLLM_LOGGING_LEVEL`` overrides); a clear error when it is not installed."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    """The ``vllm`` module, imported in in-process mode (:func:`in_process_engines`) and with errors
+    only on the console (``VLLM_LOGGING_LEVEL`` overrides); a clear error when it is not installed."""
+    in_process_engines()
     # vLLM's warnings are about its own choices (eager mode, no Triton on a CPU, a thread count it
     # may not change, rotary embeddings that get no weights on each reload): noise in a training run
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -143,15 +161,16 @@ class VLLMGenerator:
         self._attach(vllm, llm, eos_ids, sleep)
 
     @classmethod
-    def over(cls, vllm, llm, eos_ids: set[int], sleep: bool = False) -> VLLMGenerator:
-        """A generator over an engine that is already running (``llm``, from module ``vllm``)."""
+    def over(cls, vllm, llm, eos_ids: set[int], sleep: bool = False, release=None) -> VLLMGenerator:
+        """A generator over an engine that is already running (``llm``, from module ``vllm``);
+        ``release`` as :class:`SleepCycle` takes it."""
         self = cls.__new__(cls)
-        self._attach(vllm, llm, eos_ids, sleep)
+        self._attach(vllm, llm, eos_ids, sleep, release)
         return self
 
-    def _attach(self, vllm, llm, eos_ids: set[int], sleep: bool) -> None:
+    def _attach(self, vllm, llm, eos_ids: set[int], sleep: bool, release=None) -> None:
         self.vllm, self.llm, self.eos_ids = vllm, llm, set(eos_ids)
-        self.cycle = SleepCycle(llm) if sleep else None
+        self.cycle = SleepCycle(llm, release) if sleep else None
         if self.cycle is not None:
             self.cycle.sleep()  # until its first weights or generation: the trainer may need the memory first
         self.version = -1
@@ -213,8 +232,13 @@ class SleepCycle:
     when no publication comes before the next generation (``trainer.sync_interval`` > 1, an
     evaluation)."""
 
-    def __init__(self, llm) -> None:
+    def __init__(self, llm, release=None) -> None:
+        """``release``: what returns the memory PyTorch's caching allocator holds unused to the
+        device before a wake (the trainer's freed activations; default ``torch.cuda.empty_cache``):
+        vLLM allocates its weights and KV cache outside that cache, so without it a wake can fail for
+        memory that the trainer no longer uses."""
         self.llm = llm
+        self.release = release or torch.cuda.empty_cache
         self.weights_awake = True
         self.kv_awake = True
 
@@ -225,12 +249,14 @@ class SleepCycle:
 
     def wake_weights(self) -> None:
         if not self.weights_awake:
+            self.release()
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
 
     def wake(self) -> None:
         self.wake_weights()
         if not self.kv_awake:
+            self.release()
             self.llm.wake_up(tags=["kv_cache"])
             self.llm.reset_prefix_cache()  # the blocks it pointed to were freed
             self.kv_awake = True
