@@ -21,12 +21,14 @@ from tests.numerics import adam_first_step_tolerance, assert_reordered_close, ba
 from tests.test_pipeline import synthetic_groups
 from tests.test_ray_survival import session_processes
 
+from tba.buffer import ReplayBuffer
 from tba.checkpoint import latest_checkpoint, read_trainer_state
-from tba.config import load_config
+from tba.config import TrainerConfig, load_config
 from tba.metrics import read_metrics
 from tba.runtime.ranks import combine_metrics, split_groups, sub_batch
-from tba.trainer import loss_shares
+from tba.trainer import loss_shares, rank_passes
 from tba.types import Batch, Rollout
+from tba.weights import LocalWeightStore
 
 
 def test_groups_are_split_whole_and_balanced_by_tokens():
@@ -53,6 +55,42 @@ def test_rank_shares_of_the_loss():
     assert loss_shares(batch, parts, "online_dpo") == [0.5, 0.5]  # groups 0 and 3 hold a pair
     assert loss_shares(batch, [[1, 2], [0, 3]], "online_dpo") == [0.0, 1.0]
     assert sub_batch(batch, [1, 3]).rollouts == batch.rollouts[2:4] + batch.rollouts[6:8]
+
+
+def test_every_rank_runs_as_many_passes_as_the_rank_with_the_most():
+    # each pass over sharded weights is a collective: a rank with fewer would leave the others waiting
+    batch = _batch([[0, 1]] * 5)
+    cfg = TrainerConfig(batch_prompts=5, micro_batch_prompts=1)
+    assert rank_passes(batch, [[0, 1, 2], [3, 4]], cfg) == 3
+    assert rank_passes(batch, [[0, 1, 2], [3, 4]], TrainerConfig(batch_prompts=5)) == 1
+
+
+def test_an_empty_pass_adds_nothing_to_the_gradients(tiny_model, tokenizer):
+    from tests.test_pipeline import make_trainer
+
+    trainer = make_trainer(tiny_model, tokenizer, ReplayBuffer(capacity=100, seed=0), LocalWeightStore())
+    trainer.ingest(synthetic_groups(tokenizer, n_prompts=4, k=4))
+    batch = trainer.buffer.sample(4, 4)
+    grads = []
+    for passes in (None, 3):
+        tiny_model.zero_grad(set_to_none=True)
+        metrics = trainer._accumulate_gradients(batch, beta=0.5, passes=passes)
+        grads.append([p.grad.clone() for p in tiny_model.parameters() if p.grad is not None])
+        assert metrics["train/micro_batches"] == 1.0  # the real ones
+    assert len(grads[1]) == len(grads[0]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[1], strict=True))
+
+
+def test_ranks_on_a_torch_without_the_fsdp2_they_use_are_refused(monkeypatch):
+    from torch.distributed.fsdp import FSDPModule
+
+    from tba.config import ConfigError
+    from tba.runtime.ranks import check_fsdp2
+
+    check_fsdp2()
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    with pytest.raises(ConfigError, match=r"upgrade torch .* or train on one rank"):
+        check_fsdp2()
 
 
 def test_rank_metrics_combine_as_one_batch():
@@ -185,6 +223,12 @@ def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
     a, _ = _trained(ray_cpus, 2, [], steps=1)
     b, _ = _trained(ray_cpus, 2, ["--run.seed=7"], steps=0)  # other initial weights, no step yet
     try:
+        # before any step there is no optimizer state, and loading none makes none up (torch's
+        # get/set_optimizer_state_dict would take a step of lr 0, so the first real one counts twice)
+        fresh = b.trainer.state_dict()
+        assert fresh["optimizer"] == {} and fresh["stepped"] is False
+        b.trainer.load_state_dict(fresh)
+        assert b.trainer.state_dict()["stepped"] is False
         a.trainer.sync_policy()
         state = a.trainer.state_dict()
         b.policy.load_state_dict(a.policy.state_dict())  # what resume() does: the checkpoint's weights first

@@ -146,6 +146,19 @@ def plan_micro_batches(
     return plan
 
 
+def rank_passes(batch: Batch, parts: list[list[int]], cfg) -> int:
+    """The most forward and backward passes a rank runs when the ranks take ``parts`` of ``batch``
+    (group indices each) under ``cfg``'s micro-batch limits. Every pass over sharded weights is a
+    collective (FSDP2 gathers each layer's weights, reduces its gradients): a rank with fewer passes
+    runs empty ones up to this count, else the others wait for it until the group times out."""
+    sizes = group_lengths(batch)
+    k = batch.group_size
+    return max(
+        len(plan_micro_batches([sizes[g] for g in part], k, cfg.micro_batch_prompts, cfg.micro_batch_tokens))
+        for part in parts
+    )
+
+
 class Ranks(Protocol):
     """Trainer ranks that hold the sharded policy and its optimizer (``tba.runtime.ranks.RankGroup``)."""
 
@@ -325,14 +338,16 @@ class Trainer:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
 
-    def update(self, batch: Batch, scale: float = 1.0) -> dict[str, float]:
+    def update(self, batch: Batch, scale: float = 1.0, passes: int | None = None) -> dict[str, float]:
         """Gradients of the objective on ``batch``, clipped, one AdamW step and one schedule step at
         version ``self.version`` (which the caller advances). ``scale`` weights this batch's loss:
-        a rank's share of the step's batch, whose gradients the ranks sum."""
+        a rank's share of the step's batch, whose gradients the ranks sum. ``passes``: forward and
+        backward passes to run at least (a rank runs as many as the rank with the most, since each
+        pass is a collective of every rank: see :func:`rank_passes`)."""
         o = self.objective
         beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
         self._log_w = []
-        metrics = self._accumulate_gradients(batch, beta, scale)
+        metrics = self._accumulate_gradients(batch, beta, scale, passes)
         if o.tb_ess_lr:  # this step's learning rate times the batch's ESS (the schedule resets it next step)
             lr_scale = normalised_ess(gather_ranks(torch.cat(self._log_w)))
             for group in self.optimizer.param_groups:
@@ -361,10 +376,14 @@ class Trainer:
         )
         return metrics
 
-    def _accumulate_gradients(self, batch: Batch, beta: float, scale: float = 1.0) -> dict[str, float]:
+    def _accumulate_gradients(
+        self, batch: Batch, beta: float, scale: float = 1.0, passes: int | None = None
+    ) -> dict[str, float]:
         k, n = self.group_size, batch.num_groups
         sizes = group_lengths(batch)
         plan = plan_micro_batches(sizes, k, self.cfg.micro_batch_prompts, self.cfg.micro_batch_tokens)
+        for _ in range(len(plan), passes or 0):  # the gathers and reductions the other ranks wait for
+            self._empty_pass(batch)
         self._count_oversize([k * (p + c) for p, c in sizes])
         weights = loss_shares(batch, plan, self.objective.type)
         totals: dict[str, float] = {}
@@ -395,6 +414,17 @@ class Trainer:
         if self.cfg.micro_batch_tokens is not None:
             totals["train/oversize_groups"] = float(self.oversize_groups)
         return totals
+
+    def _empty_pass(self, batch: Batch) -> None:
+        """A forward and backward pass that adds nothing to the gradients: one sequence of the batch,
+        its loss times 0. With sharded weights it takes part in every rank's gathers and gradient
+        reductions, which is all a rank with fewer micro-batches than another must do."""
+        rollout = batch.group(0)[0]
+        with self.precision.autocast():
+            token_logp, _ = token_logprobs(
+                self.model, [batch.prompt_ids[0]], [list(rollout.completion)], self.pad_id, self.eos_ids
+            )
+        (token_logp.sum() * 0.0).backward()
 
     def _count_oversize(self, group_tokens: list[int]) -> None:
         """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first."""
@@ -467,7 +497,7 @@ class Trainer:
 
     @staticmethod
     def _sampler_token_logps(rollouts, mask: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(mask)
+        out = torch.zeros(mask.shape, dtype=mask.dtype)  # filled on the host, moved once (not a copy per rollout)
         for i, r in enumerate(rollouts):
             if r.sampler_token_logps is None:
                 raise ValueError(
@@ -476,7 +506,7 @@ class Trainer:
                 )
             n = len(r.sampler_token_logps)
             out[i, :n] = torch.tensor(r.sampler_token_logps, dtype=out.dtype)
-        return out * mask
+        return out.to(mask.device) * mask
 
     def state_dict(self) -> dict:
         if self.ranks is not None:

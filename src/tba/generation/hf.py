@@ -62,9 +62,10 @@ class HFGenerator:
                     self.pad_id,
                     self.eos_ids,
                 )
+                rows = logp.cpu()  # one copy from the device, not one per completion
                 for row, i in enumerate(nonempty):
                     n = len(completions[i].token_ids)
-                    completions[i].token_logps = logp[row, :n].tolist()
+                    completions[i].token_logps = rows[row, :n].tolist()
         return completions
 
     def load_weights(self, state_dict: dict, version: int) -> None:

@@ -102,7 +102,8 @@ def completion_logprobs(
         out = model(**_forward_kwargs(ids, attn), logits_to_keep=1, output_hidden_states=True)
         states = out.hidden_states
         hidden = states[-1][:, p_len - 1 :] if states else None  # [N, C+1, H]: the head's input
-        if hidden is not None and _head_gives_logits(head, hidden[:, -1:], out.logits[:, -1:]):
+        ok = hidden is not None and _head_gives_logits(head, hidden[:, -1:], out.logits[:, -1:])
+        if _on_every_rank(ok, ids.device):
             return head_logprobs(head, hidden, targets, temperature)
         _HEAD_ALONE[type(unwrap(model))] = False  # and do not try again for this kind of model
     return gathered_logprobs(completion_logits(model, ids, attn, p_len), targets, temperature)
@@ -134,6 +135,19 @@ def completion_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Ten
     if accepts_logits_to_keep(model):
         return model(**_forward_kwargs(ids, attn), logits_to_keep=keep).logits
     return model(**_forward_kwargs(ids, attn)).logits[:, -keep:]
+
+
+def _on_every_rank(ok: bool, device: torch.device) -> bool:
+    """``ok`` on every trainer rank (a process group of several): the path a rank takes decides the
+    forward passes it runs, and each pass over sharded weights is a collective of all ranks, so one
+    rank alone taking the logits path (a second forward) would leave the others waiting."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return ok
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 # Model classes whose logits turned out not to be their output head's output (soft-capping,

@@ -47,7 +47,7 @@ from tba.config import Config, ConfigError, build_config
 from tba.models.logprobs import unwrap
 from tba.models.precision import PeakMemory, Precision, cast_floats, cpu_rss_bytes
 from tba.runtime.errors import TrainerRankFailed
-from tba.trainer import group_lengths, loss_shares
+from tba.trainer import group_lengths, loss_shares, rank_passes
 from tba.types import Batch
 
 RANK_TIMEOUT_S = 1800.0
@@ -123,10 +123,26 @@ def combine_metrics(per_rank: list[dict[str, float]], sizes: list[float], scales
     return out
 
 
+def check_fsdp2() -> None:
+    """This torch has the FSDP2 the ranks use (public ``fully_shard``, and sums of gradients over
+    ranks without a division: ``set_force_sum_reduction_for_comms``, 2025); else a clear error."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        FSDPModule = None  # noqa: N806
+    if FSDPModule is None or not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        raise ConfigError(
+            f"trainer.num_ranks > 1 needs FSDP2 with set_force_sum_reduction_for_comms, which torch "
+            f"{torch.__version__} lacks: upgrade torch (2.9 has it) or train on one rank (trainer.num_ranks=1)"
+        )
+
+
 def shard_policy(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
     """FSDP2 over ``model`` in the current process group: one unit per decoder layer, then the root,
     which stays gathered from forward to backward (the output head is applied after the forward).
     Gradients are summed over ranks (each rank weights its loss by its share)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     base = unwrap(model)
@@ -140,9 +156,12 @@ def shard_policy(model: torch.nn.Module, precision: Precision) -> torch.nn.Modul
     policy = MixedPrecisionPolicy()
     if precision.mode == "bf16-mixed":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # the mesh on the model's device type: FSDP2's default is the machine's accelerator, so CPU ranks
+    # on a GPU machine (which Ray leaves every GPU visible to) would shard onto CUDA
+    mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
     for layer in layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # a sum: each rank's loss carries its share already
@@ -215,6 +234,8 @@ class TrainerRank:
             rank=self.rank,
             world_size=self.world,
             timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S),
+            # NCCL: the group is bound to this GPU and connects now, so a failure shows here, not in a step
+            device_id=device if device.type == "cuda" else None,
         )
         self.base_rss = cpu_rss_bytes()  # before the model: what a benchmark subtracts
         seed_everything(cfg.run.seed)  # every rank loads the same weights (an adapter's initialisation too)
@@ -235,17 +256,21 @@ class TrainerRank:
         )
         self.peak = PeakMemory(device)
 
-    def update(self, batch: Batch, version: int, scale: float) -> dict[str, float]:
+    def update(self, batch: Batch, version: int, scale: float, passes: int | None = None) -> dict[str, float]:
         t = self.trainer
         t.version = version
-        metrics = t.update(batch, scale)
+        metrics = t.update(batch, scale, passes)
         metrics["rank/peak_memory_gb"] = self.peak.read()
         return metrics
 
     def _gather(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        from tba.models.lora import is_lora
+
+        # tensor by tensor onto rank 0's CPU; a LoRA policy's frozen base is never needed (the adapter is)
+        frozen = is_lora(self.trainer.model)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=frozen)
         return get_model_state_dict(self.trainer.model, options=options)  # rank 0 only; {} elsewhere
 
     def published_state(self, dtype_name: str | None) -> dict[str, torch.Tensor] | None:
@@ -280,11 +305,14 @@ class TrainerRank:
 
         t = self.trainer
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optimizer = get_optimizer_state_dict(t.model, t.optimizer, options=options)
+        # an optimizer that has not stepped has no state; asking for it would make one with a step of
+        # lr 0 (torch's _init_optim_state), so that AdamW's first real step would count as its second
+        optimizer = get_optimizer_state_dict(t.model, t.optimizer, options=options) if t.optimizer.state else {}
         if self.rank != 0:
             return None
         return {
             "num_ranks": self.world,
+            "stepped": bool(optimizer),
             "skipped_steps": t.skipped_steps,
             "oversize_groups": t.oversize_groups,
             "optimizer": optimizer,
@@ -302,7 +330,8 @@ class TrainerRank:
         if state is None:  # weights only (loading an empty optimizer state would count a step in AdamW)
             return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-        set_optimizer_state_dict(t.model, t.optimizer, state.get("optimizer", {}), options=options)
+        if state.get("stepped", True):  # (as in state_dict: loading no state would count a step)
+            set_optimizer_state_dict(t.model, t.optimizer, state.get("optimizer", {}), options=options)
         t.skipped_steps, t.oversize_groups = state["skipped_steps"], state.get("oversize_groups", 0)
         t.scheduler.load_state_dict(state["scheduler"])
         t.version = state["version"]
@@ -329,6 +358,7 @@ class RankGroup:
         """``initial``: weights to start from instead of what each rank loads (a LoRA adapter's
         initialisation, so that the ranks start where the driver's copy does)."""
         n = cfg.trainer.num_ranks
+        check_fsdp2()
         self.size, self.cfg, self.closed = n, cfg, False
         gpu = cfg.run.device != "cpu" and torch.cuda.is_available()
         cpus = rank_cpus(cfg)
@@ -369,7 +399,10 @@ class RankGroup:
         sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
         scales = loss_shares(batch, parts, self.cfg.objective.type)
-        per_rank = self._call("update", [(sub_batch(batch, p), version, s) for p, s in zip(parts, scales, strict=True)])
+        passes = rank_passes(batch, parts, self.cfg.trainer)  # equal on every rank: each pass is a collective
+        per_rank = self._call(
+            "update", [(sub_batch(batch, p), version, s, passes) for p, s in zip(parts, scales, strict=True)]
+        )
         self.last_rank_metrics = per_rank
         return combine_metrics(per_rank, [len(p) / batch.num_groups for p in parts], scales)
 
