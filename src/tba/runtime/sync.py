@@ -83,6 +83,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
     peak = PeakMemory(trainer.device)
+    step_peak = 0.0  # GiB: the highest peak of the trainer's steps since the last log
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
@@ -90,6 +91,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             groups = searcher.step()
             log_errors(run_dir, searcher.new_errors())
             gen_s = time.perf_counter() - gen_start
+            peak.reset()  # the trainer's step alone: generation (the engine's memory) is not the trainer's
             if fresh_only:  # repeats (if any) drawn from a per-step seed: a resume draws the same
                 rng = random.Random(cfg.run.seed * 1_000_003 + trainer.version)
                 try:
@@ -100,13 +102,14 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             else:
                 trainer.ingest(groups)
                 record = trainer.step()
+            step_peak = max(step_peak, peak.read())
             step = trainer.version
             record["searcher/generate_s"] = gen_s
             record.update(searcher.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
             if step % cfg.logging.every == 0 or key in record:
-                record["train/peak_memory_gb"] = peak.read()  # since the previous log
+                record["train/peak_memory_gb"], step_peak = step_peak, 0.0  # since the previous log
                 metrics.log(step, record)
             display.update(step, record)
             every = cfg.trainer.checkpoint_every
