@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tba.config import ConfigError, load_config
-from tba.runtime.gpus import actor_config, driver_device, gpu_shares, searcher_gpu_ids
+from tba.runtime.gpus import actor_config, driver_device, gpu_shares, one_engine_at_a_time, searcher_gpu_ids
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
@@ -62,3 +62,13 @@ def test_an_actor_names_its_gpu_as_ray_numbers_it():
     assert actor_config(data, gpu_ids=[3]).run.device == "cuda"  # Ray made GPU 3 the actor's cuda:0
     assert actor_config(data, gpu_ids=[]).run.device == "cuda:3"  # no GPU from Ray: left as given
     assert actor_config(load_config(None, ["--run.device=cuda"]).model_dump(mode="json"), [0]).run.device == "cuda"
+
+
+def test_vllm_engines_that_share_a_gpu_start_one_at_a_time():
+    vllm = ["--generation.backend=vllm"]
+    assert one_engine_at_a_time(load_config(None, vllm), CUDA, trainer_gpu_shared=True)
+    assert one_engine_at_a_time(load_config(None, [*vllm, "--runtime.searcher_gpus=0.5"]), CUDA, False)
+    assert one_engine_at_a_time(load_config(None, [*vllm, "--eval.async=true", "--eval.eval_gpus=0.5"]), CUDA, False)
+    assert not one_engine_at_a_time(load_config(None, [*vllm, "--runtime.searcher_gpus=1"]), CUDA, False)
+    assert not one_engine_at_a_time(load_config(None, []), CUDA, True)  # HF generation profiles nothing
+    assert not one_engine_at_a_time(load_config(None, vllm), CPU, True)  # a fixed KV cache size on a CPU

@@ -61,7 +61,7 @@ from tba.runtime.common import (
 )
 from tba.runtime.components import Components, build_components, build_searcher, seed_everything
 from tba.runtime.eval_actor import BackgroundEvaluation, Finished
-from tba.runtime.gpus import actor_config, driver_device, gpu_shares, searcher_gpu_ids
+from tba.runtime.gpus import actor_config, driver_device, gpu_shares, one_engine_at_a_time, searcher_gpu_ids
 from tba.runtime.ranks import rank_cpus, searcher_cpus
 from tba.runtime.restarts import SearcherPool
 from tba.weights import to_host
@@ -304,22 +304,30 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         cfg_data = cfg.model_dump(mode="json")
         # Searcher processes start (imports, model loading) while this one publishes and
         # evaluates; the model paths are resolved by now, so none of them builds the demo model.
-        actors = [
-            SearcherWorker.options(
-                num_cpus=r.searcher_cpus,
-                num_gpus=r.searcher_gpus,
-                resources=dict(r.searcher_resources),
-                max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
-            ).remote(cfg_data, i, names, threads, os.getcwd())
-            for i in range(r.num_searchers)
-        ]
-        c.trainer.publish()  # searchers start from the trainer's weights
+        # vLLM engines that share a GPU start one at a time, before the trainer uses it: each sizes its
+        # KV cache from the memory the GPU has free while it profiles, which another process's
+        # allocations would take from it (or, freed meanwhile, make vLLM's profiling fail).
+        alone = one_engine_at_a_time(cfg, device, shared)
+        for i in range(r.num_searchers):
+            actors.append(
+                SearcherWorker.options(
+                    num_cpus=r.searcher_cpus,
+                    num_gpus=r.searcher_gpus,
+                    resources=dict(r.searcher_resources),
+                    max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
+                ).remote(cfg_data, i, names, threads, os.getcwd())
+            )
+            if alone:  # (a searcher that fails to start is reported by the pool, as always)
+                ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
         initial = {}
         if cfg.eval.async_:
             background = BackgroundEvaluation(cfg)
-            if not resumed:  # logged at step 0 when it is done; training starts meanwhile
-                background.submit(0, c.trainer.published_state())
-        elif not resumed:
+            if alone:
+                ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
+        c.trainer.publish()  # searchers start from the trainer's weights
+        if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
+            background.submit(0, c.trainer.published_state())
+        elif background is None and not resumed:
             initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
             metrics.log(0, initial)
         on_event = lambda m: _event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)

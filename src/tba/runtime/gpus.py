@@ -107,3 +107,14 @@ def actor_config(cfg_data: dict, gpu_ids: list) -> Config:
         data["run"]["device"] = "cuda"
         cfg = build_config(data)
     return cfg
+
+
+def one_engine_at_a_time(cfg: Config, device: torch.device, trainer_gpu_shared: bool) -> bool:
+    """Whether the ray runtime starts its vLLM actors one after another, each before the trainer
+    uses the GPU: when an engine shares its GPU (with the trainer, or with other actors). vLLM sizes
+    its KV cache from the free memory it sees while it profiles (charging to itself whatever another
+    process allocates meanwhile, and failing if another frees memory meanwhile)."""
+    if device.type != "cuda" or cfg.generation.backend != "vllm":
+        return False
+    shares = [cfg.runtime.searcher_gpus or 0.0] + ([cfg.eval.eval_gpus or 0.0] if cfg.eval.async_ else [])
+    return trainer_gpu_shared or any(0 < share < 1 for share in shares)
