@@ -43,11 +43,21 @@ def test_mismatch_metrics_by_hand():
     mask = T([[1.0, 1.0], [1.0, 0.0]])
     m = sampler_mismatch(old, sampler, mask, cap=1.5)
     assert m["sampler_logp_diff"] == pytest.approx((0.5 + 1.0 + 0.2) / 3)
+    assert m["sampler_logp_bias"] == pytest.approx((0.5 - 1.0 + 0.2) / 3)
+    # a sampler that reports a flatter distribution's log-probs (the sampled, likely tokens less
+    # likely than the policy says): a positive bias; the same gap in both directions: none
+    flat = sampler_mismatch(T([[-0.2, -0.3]]), T([[-0.6, -0.7]]), T([[1.0, 1.0]]))
+    noise = sampler_mismatch(T([[-0.2, -0.3]]), T([[-0.6, 0.1]]), T([[1.0, 1.0]]))
+    fp32 = 4 * torch.finfo(torch.float32).eps  # two fp32 differences of log-probs below 1, summed
+    assert flat["sampler_logp_bias"] == pytest.approx(0.4, abs=fp32)
+    assert noise["sampler_logp_bias"] == pytest.approx(0.0, abs=fp32)
+    assert flat["sampler_logp_diff"] == pytest.approx(0.4, abs=fp32)
+    assert noise["sampler_logp_diff"] == pytest.approx(0.4, abs=fp32)
     # sequence weights exp(−0.5), exp(0.2): (Σw)² / (2·Σw²) = 0.89835
     assert m["sampler_ess"] == pytest.approx(0.8983527, abs=1e-6)
     assert m["tis_truncated"] == pytest.approx(1 / 3)  # exp(0.5) > 1.5; exp(−1), exp(0.2) are not
     agree = sampler_mismatch(old, old, mask)
-    assert agree == {"sampler_logp_diff": 0.0, "sampler_ess": pytest.approx(1.0)}
+    assert agree == {"sampler_logp_diff": 0.0, "sampler_logp_bias": 0.0, "sampler_ess": pytest.approx(1.0)}
 
 
 def test_grpo_terms_are_weighted_per_token_by_hand():

@@ -232,18 +232,28 @@ def sampler_mismatch(
 ) -> dict[str, float]:
     """How far the sampler's log-probs are from the trainer's at the step's start, over the masked tokens:
 
-        sampler_logp_diff = mean_t |log π_old(y_t) − log π_sampler(y_t)|
-        sampler_ess       = (Σ_i w_i)² / (N · Σ_i w_i²),  w_i = Π_t π_old(y_it)/π_sampler(y_it)
+            sampler_logp_diff = mean_t |log π_old(y_t) − log π_sampler(y_t)|
+            sampler_logp_bias = mean_t (log π_old(y_t) − log π_sampler(y_t))
+            sampler_ess       = (Σ_i w_i)² / (N · Σ_i w_i²),  w_i = Π_t π_old(y_it)/π_sampler(y_it)
 
-    ``sampler_ess`` is the effective sample size of the N sequences' importance weights as a
-    fraction of N: 1 when the two agree, 1/N when one sequence carries all the weight. With ``cap``
-    also ``tis_truncated``, the fraction of tokens whose weight the cap truncated."""
+    ``sampler_logp_bias`` tells which side is off where ``sampler_logp_diff`` cannot: rounding and
+    kernel noise (bf16 logits on either side) average out near 0, while a sampler whose log-probs come
+    from a flatter distribution than the policy's (temperature or top-p applied before the log-softmax:
+    the sampled tokens are the likely ones, which flattening makes less likely) gives a positive bias.
+
+        ``sampler_ess`` is the effective sample size of the N sequences' importance weights as a
+        fraction of N: 1 when the two agree, 1/N when one sequence carries all the weight. With ``cap``
+        also ``tis_truncated``, the fraction of tokens whose weight the cap truncated."""
     with torch.no_grad():
         diff = (old_token_logp - sampler_token_logp) * mask
         tokens = mask.sum().clamp(min=1)
         log_w = diff.sum(dim=1).double()  # [N]
         ess = torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0)) / log_w.numel()
-        metrics = {"sampler_logp_diff": (diff.abs().sum() / tokens).item(), "sampler_ess": ess.item()}
+        metrics = {
+            "sampler_logp_diff": (diff.abs().sum() / tokens).item(),
+            "sampler_logp_bias": (diff.sum() / tokens).item(),
+            "sampler_ess": ess.item(),
+        }
         if cap is not None:
             metrics["tis_truncated"] = (((diff > math.log(cap)) & (mask > 0)).sum() / tokens).item()
     return metrics
