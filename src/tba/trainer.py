@@ -226,9 +226,10 @@ class Trainer:
     def new_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
         """AdamW over the trainable parameters, and its learning-rate schedule, both fresh."""
         cfg = self.cfg
-        optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
-        )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # one kernel for the whole update on a GPU (plain tensors: sharded ones take torch's default)
+        fused = all(p.is_cuda and type(p) is torch.nn.Parameter for p in params) and bool(params)
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True if fused else None)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda s: lr_multiplier(
