@@ -16,9 +16,10 @@ import torch
 
 
 def to_host(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A copy of ``state_dict`` in host memory, for another process: Ray pickles a CUDA tensor as
-    one, which a process without that GPU cannot load."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+    """``state_dict`` in host memory, for another process (Ray pickles a CUDA tensor as one, which a
+    process without that GPU cannot load). Host tensors are not copied: what sends them to another
+    process (``ray.put``, a remote call's arguments) copies them as it serializes."""
+    return {k: v.detach().to("cpu") for k, v in state_dict.items()}
 
 
 class WeightStore(Protocol):

@@ -45,7 +45,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tba.config import Config, ConfigError, build_config
 from tba.models.logprobs import unwrap
-from tba.models.precision import PeakMemory, Precision, cast_floats, cpu_rss_bytes
+from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
 from tba.runtime.errors import TrainerRankFailed
 from tba.trainer import group_lengths, loss_shares, rank_passes
 from tba.types import Batch
@@ -274,14 +274,25 @@ class TrainerRank:
         return get_model_state_dict(self.trainer.model, options=options)  # rank 0 only; {} elsewhere
 
     def published_state(self, dtype_name: str | None) -> dict[str, torch.Tensor] | None:
-        """What searchers load, gathered (rank 0 returns it; the others None)."""
-        from tba.models.lora import policy_state, published_state
+        """What searchers load, gathered (rank 0 returns it; the others None): tensor by tensor, each
+        cast to the searchers' dtype on the device before it moves to rank 0's host memory, so neither
+        a GPU nor the host holds the model twice, and nothing travels in fp32 that searchers hold in
+        bf16. A LoRA policy's frozen base is not gathered."""
+        from torch.distributed.tensor import DTensor
 
-        state = self._gather()
-        if self.rank != 0:
-            return None
+        from tba.models.lora import is_lora, published_state
+
+        model = self.trainer.model
         dtype = getattr(torch, dtype_name) if dtype_name else None
-        return cast_floats(published_state(self.trainer.model, policy_state(self.trainer.model, state)), dtype)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad} if is_lora(model) else None
+        state = {}
+        for name, value in model.state_dict().items():  # the same names in the same order on every rank
+            if trainable is not None and name not in trainable:
+                continue
+            full = value.full_tensor() if isinstance(value, DTensor) else value  # a collective of all ranks
+            if self.rank == 0:
+                state[name] = (full.to(dtype) if dtype is not None and full.is_floating_point() else full).to("cpu")
+        return published_state(model, state) if self.rank == 0 else None
 
     def publish(self, board, version: int, dtype_name: str | None) -> None:
         """Gather what searchers load and put it on the weight board from rank 0 (ray runtime): the
