@@ -137,10 +137,12 @@ def check_fsdp2() -> None:
         )
 
 
-def shard_policy(model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+def shard_policy(model: torch.nn.Module, precision: Precision, device: torch.device | None = None) -> torch.nn.Module:
     """FSDP2 over ``model`` in the current process group: one unit per decoder layer, then the root,
     which stays gathered from forward to backward (the output head is applied after the forward).
-    Gradients are summed over ranks (each rank weights its loss by its share)."""
+    Gradients are summed over ranks (each rank weights its loss by its share). ``device``: where the
+    shards live (default: where the model is); a model on the CPU moves there layer by layer, each
+    rank keeping only its shard, so no GPU ever holds the whole model."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -158,7 +160,8 @@ def shard_policy(model: torch.nn.Module, precision: Precision) -> torch.nn.Modul
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # the mesh on the model's device type: FSDP2's default is the machine's accelerator, so CPU ranks
     # on a GPU machine (which Ray leaves every GPU visible to) would shard onto CUDA
-    mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
+    device_type = device.type if device is not None else next(model.parameters()).device.type
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
@@ -217,7 +220,7 @@ class TrainerRank:
         """Join the process group, load the policy, shard it, build the optimizer."""
         import torch.distributed as dist
 
-        from tba.models.loading import resolve_device
+        from tba.models.loading import resolve_device, resolve_dtype
         from tba.runtime.components import load_trainer_policy, model_paths, quiet_transformers, seed_everything
         from tba.trainer import Trainer
 
@@ -241,7 +244,15 @@ class TrainerRank:
         seed_everything(cfg.run.seed)  # every rank loads the same weights (an adapter's initialisation too)
         precision = Precision.from_config(cfg.trainer.precision, device)
         policy_path, _ = model_paths(cfg, log=lambda msg: None)
-        model = shard_policy(load_trainer_policy(cfg, policy_path, device, precision), precision)
+        # on a GPU the full model is read into host memory and sharded onto the GPU layer by layer
+        # (model.dtype=auto resolved for the GPU it ends on: a LoRA policy's frozen base stays bf16)
+        load_on, load_cfg = device, cfg
+        if device.type == "cuda":
+            load_on = torch.device("cpu")
+            data = cfg.model_dump(mode="json", by_alias=True)
+            data["model"]["dtype"] = str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")
+            load_cfg = build_config(data)
+        model = shard_policy(load_trainer_policy(load_cfg, policy_path, load_on, precision), precision, device)
         self.trainer = Trainer(
             model,
             None,
