@@ -85,7 +85,7 @@ def bench_local(policy: torch.nn.Module, repeats: int) -> tuple[float, float]:
 def bench_ray(policy: torch.nn.Module, source: str | LlamaConfig, lora: bool, repeats: int) -> tuple[float, float]:
     import ray
 
-    from tba.runtime.distributed import RayWeightStore, WeightBoard
+    from tba.runtime.weight_board import RayWeightStore, WeightBoard
 
     @ray.remote(num_cpus=1)
     class Loader:

@@ -60,7 +60,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import full_logits_token_logprobs
 from tba.models.precision import PeakMemory, Precision, cpu_peak_rss_bytes, cpu_rss_bytes
-from tba.runtime.components import enable_gradient_checkpointing
+from tba.runtime.policy import enable_gradient_checkpointing
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore

@@ -343,7 +343,7 @@ def build_models(part: str) -> None:
     """Build (or find cached) the warm-started model every run of the part starts from, once,
     before runs that would otherwise race to build it."""
     from tba.config import load_config
-    from tba.runtime.components import model_paths
+    from tba.runtime.policy import model_paths
 
     tasks = {"hard": HARD, "trust_tau": LONG, **{name: task for name, (task, _, _) in VARIANT_PARTS.items()}}
     args = tasks.get(part, [])

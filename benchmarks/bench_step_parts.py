@@ -19,7 +19,7 @@ import time
 import torch
 
 from tba.config import load_config
-from tba.runtime.components import build_components
+from tba.runtime.build import build_components
 
 
 def main() -> None:

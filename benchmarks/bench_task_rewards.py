@@ -134,7 +134,8 @@ def bench_task(task_name: str, shape: str, batches: int, extra: list[str]) -> di
     import torch
 
     from tba.config import load_config
-    from tba.runtime.components import absolute_paths, build_searcher, prepare_task
+    from tba.runtime.build import build_searcher, prepare_task
+    from tba.runtime.run_dir import absolute_paths
     from tba.weights import LocalWeightStore
 
     torch.set_num_threads(1)

@@ -86,13 +86,13 @@ def bench_searcher(batches: int, task_name: str) -> dict:
     import torch
 
     from tba.config import load_config
-    from tba.runtime.components import build_searcher, prepare_task
+    from tba.runtime.build import build_searcher, prepare_task
     from tba.weights import LocalWeightStore
 
     torch.set_num_threads(1)
     args = ["--trainer.steps=1"] if task_name == "arithmetic" else []
     cfg = load_config(ROOT / "configs/custom_task.yaml" if task_name == "dataset" else None, args)
-    from tba.runtime.components import absolute_paths
+    from tba.runtime.run_dir import absolute_paths
 
     cfg = absolute_paths(cfg)
     prepare_task(cfg, log=lambda m: None)

@@ -18,7 +18,7 @@ from tests.tiny_bpe import build_bpe_chat_model, build_bpe_tokenizer, build_rewa
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 from tba.cli import main
-from tba.runtime.components import check_run_dir, remove_unstarted
+from tba.runtime.run_dir import check_run_dir, remove_unstarted
 
 REWARDS = """
 def constant(completions, **kwargs):

@@ -83,7 +83,7 @@ def slow_exact(prompts, completions, completion_ids, answer, **kwargs):
 
 
 def slow_run(tmp_path, demo_cache, name: str, *extra: str):
-    from tba.runtime.distributed import run_ray
+    from tba.runtime.async_loop import run_ray
 
     (tmp_path / "slow.py").write_text(SLOW_REWARD)
     (policy,) = [p for p in demo_cache.iterdir() if p.name.startswith("tiny-arithmetic")]

@@ -33,7 +33,7 @@ from tba.checkpoint import (
 from tba.config import DatasetTaskConfig, load_config
 from tba.metrics import read_metrics
 from tba.models.tiny import build_tiny_llama
-from tba.runtime.sync import run_sync
+from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.types import RolloutGroup
 
@@ -276,7 +276,7 @@ def test_sync_resume_is_bit_exact(tmp_path, demo_cache):
 
 
 def test_ray_resume_keeps_every_group_and_continues_the_metrics(tmp_path, demo_cache):
-    from tba.runtime.distributed import run_ray
+    from tba.runtime.async_loop import run_ray
 
     def cfg(steps, *extra):
         return load_config(

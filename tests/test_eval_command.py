@@ -12,7 +12,7 @@ from tests.conftest import SMALL_DEMO_ARGS
 from tba.cli import main
 from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics
-from tba.runtime.sync import run_sync
+from tba.runtime.sync_loop import run_sync
 
 ARGS = [*SMALL_DEMO_ARGS, "--logging.progress=false", "--run.threads=1", "--eval.log_samples=2"]
 EVAL_KEYS = ("eval/accuracy", "eval/completion_len", "eval/problems")
@@ -138,7 +138,7 @@ def test_eval_async_needs_the_ray_runtime():
 def test_async_evaluation_logs_each_step_once_with_the_numbers_of_its_weights(tmp_path, demo_cache):
     """eval.async: the actor's results land at the steps they belong to, once each, in order, and
     equal what ``tba eval`` gives for the checkpoint of that step."""
-    from tba.runtime.distributed import run_ray
+    from tba.runtime.async_loop import run_ray
 
     cfg = load_config(
         None,

@@ -45,7 +45,7 @@ def test_exploring_batches_draw_settings_from_the_ranges():
 
 
 def test_each_searcher_gets_its_own_settings(tiny_checkpoint):
-    from tba.runtime.components import build_components, make_searcher
+    from tba.runtime.build import build_components, make_searcher
 
     cfg = load_config(
         None,

@@ -14,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from tba.buffer import ReplayBuffer
 from tba.models.logprobs import full_logits_token_logprobs, token_logprobs
 from tba.models.precision import PeakMemory, Precision, resolve_precision
-from tba.runtime.components import enable_gradient_checkpointing
+from tba.runtime.policy import enable_gradient_checkpointing
 from tba.weights import LocalWeightStore
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""Which GPUs a run's processes take (``tba.runtime.gpus``): pure functions of the config and of
+"""Which GPUs a run's processes take (``tba.runtime.cluster``): pure functions of the config and of
 what Ray has, so they are tested here without a GPU."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tba.config import ConfigError, load_config
-from tba.runtime.gpus import actor_config, driver_device, gpu_shares, one_engine_at_a_time, searcher_gpu_ids
+from tba.runtime.cluster import actor_config, driver_device, gpu_shares, one_engine_at_a_time, searcher_gpu_ids
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 

@@ -103,6 +103,83 @@ def test_searcher_and_trainer_do_not_import_each_other():
 
 def test_layer_checker_catches_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from tba.runtime.sync import run_sync\nimport ray\n")
-    assert layer_of("objectives") < layer_of("runtime.sync")
-    assert imports(bad) == ["tba.runtime.sync", "ray"]
+    bad.write_text("from tba.runtime.sync_loop import run_sync\nimport ray\n")
+    assert layer_of("objectives") < layer_of("runtime.sync_loop")
+    assert imports(bad) == ["tba.runtime.sync_loop", "ray"]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports, anywhere in its file (imports
+    inside functions too): ``from tba.x import y`` counts as importing ``tba.x.y`` when that is a
+    module, else ``tba.x``."""
+    names = {"tba." + name if name != "__init__" else "tba" for name, _ in modules()}
+    graph = {}
+    for name, path in modules():
+        module = "tba." + name if name != "__init__" else "tba"
+        targets = set()
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            else:
+                continue
+            for target in found:
+                while target not in names and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in names and target != module:
+                    targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle in the package, counting imports placed inside functions (they hide a cycle
+    from Python, not from a reader)."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

@@ -15,7 +15,7 @@ from tba.config import ConfigError, ObjectiveConfig, TrainerConfig
 from tba.models import logprobs
 from tba.models.logprobs import accepts_logits_to_keep, full_logits_token_logprobs, token_logprobs
 from tba.models.lora import ReferenceView, add_adapter
-from tba.runtime.components import enable_gradient_checkpointing
+from tba.runtime.policy import enable_gradient_checkpointing
 from tba.trainer import Trainer, plan_micro_batches
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore

@@ -16,10 +16,10 @@ from tba.config import ConfigError, load_config
 from tba.models.loading import encode_prompts, load_causal_lm, load_tokenizer
 from tba.models.logprobs import sequence_logprobs
 from tba.models.lora import add_adapter, check_lora_config, is_lora
-from tba.runtime.common import resume
-from tba.runtime.components import build_components
-from tba.runtime.distributed import run_ray
-from tba.runtime.sync import run_sync
+from tba.runtime.async_loop import run_ray
+from tba.runtime.build import build_components
+from tba.runtime.run_dir import resume
+from tba.runtime.sync_loop import run_sync
 
 pytest.importorskip("peft")
 from peft import PeftModel, get_peft_model_state_dict  # noqa: E402

@@ -372,7 +372,7 @@ def test_reference_follows_the_policy_every_rho_steps(tokenizer):
 
 def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint):
     from tba.config import load_config
-    from tba.runtime.components import build_components
+    from tba.runtime.build import build_components
 
     cfg = load_config(
         None,
@@ -397,7 +397,7 @@ def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint
 
 def test_the_searchers_reference_pass_is_cut_as_the_trainers_passes_are(tiny_checkpoint):
     from tba.config import load_config
-    from tba.runtime.components import build_components
+    from tba.runtime.build import build_components
 
     budget = 40
     cfg = load_config(

@@ -15,7 +15,8 @@ from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, load_config
 from tba.models.logprobs import token_logprobs
 from tba.models.precision import PURE_BF16_WARNING, Precision, compute_as, resolve_precision
-from tba.runtime.components import build_components, load_trainer_policy
+from tba.runtime.build import build_components
+from tba.runtime.policy import load_trainer_policy
 from tba.weights import LocalWeightStore
 
 CPU = torch.device("cpu")

@@ -133,7 +133,8 @@ def ray_cpus(demo_cache):
 
 
 def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
-    from tba.runtime.components import build_components, seed_everything
+    from tba.runtime.build import build_components
+    from tba.runtime.policy import seed_everything
 
     cfg = load_config(
         None,
@@ -288,7 +289,7 @@ def _cli(tmp_path, cache, name, *args) -> list[str]:
 
 
 def test_sync_runtime_on_two_ranks_resumes_exactly(tmp_path, ray_cpus):
-    from tba.runtime.sync import run_sync
+    from tba.runtime.sync_loop import run_sync
 
     def run(name, steps, *extra):  # in this process, on the module's Ray instance
         args = _cli(tmp_path, ray_cpus, name, "--runtime.type=sync", f"--trainer.steps={steps}", "--eval.every=4")

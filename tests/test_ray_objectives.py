@@ -11,7 +11,7 @@ from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
-from tba.runtime.distributed import run_ray
+from tba.runtime.async_loop import run_ray
 
 STEPS = 12
 
@@ -85,8 +85,8 @@ def test_a_run_starts_its_own_ray_instance_beside_another_on_the_machine(ray_ses
     code = (
         "import ray\n"
         "from tba.config import load_config\n"
-        "from tba.runtime.distributed import _init_ray\n"
-        "assert _init_ray(load_config(None, ['--run.device=cpu']))\n"
+        "from tba.runtime.cluster import init_ray\n"
+        "assert init_ray(load_config(None, ['--run.device=cpu']))\n"
         "print(ray.get_runtime_context().gcs_address)\n"
         "ray.shutdown()\n"
     )

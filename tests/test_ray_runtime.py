@@ -19,7 +19,7 @@ from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 from tba.config import load_config
 from tba.errors import ModelLoadError
 from tba.metrics import read_metrics
-from tba.runtime.distributed import run_ray
+from tba.runtime.async_loop import run_ray
 
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
 
@@ -237,7 +237,7 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cach
 
 
 def test_a_local_ray_instance_gets_every_gpu_but_the_trainers():
-    from tba.runtime.gpus import searcher_gpu_ids
+    from tba.runtime.cluster import searcher_gpu_ids
 
     cuda, cuda2 = torch.device("cuda"), torch.device("cuda:2")
     assert searcher_gpu_ids(cuda, None, 4) == "1,2,3"

@@ -24,9 +24,9 @@ from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.metrics import read_metrics
 from tba.rewards import RewardStats
-from tba.runtime.components import build_components
-from tba.runtime.distributed import run_ray
-from tba.runtime.sync import run_sync
+from tba.runtime.async_loop import run_ray
+from tba.runtime.build import build_components
+from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.tasks.redteam import ALPACA_TEMPLATE, LOG_FLOOR, aggregate, resolve_toxic_label
 from tba.types import EvalSettings

@@ -13,7 +13,7 @@ from tests.conftest import SMALL_DEMO_ARGS
 from tba.buffer import BufferTooSmall, fresh_batch
 from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics
-from tba.runtime.sync import run_sync
+from tba.runtime.sync_loop import run_sync
 from tba.types import RolloutGroup
 from tba.weights import DelayedWeights, LocalWeightStore, publications_to_keep
 

@@ -13,8 +13,8 @@ from tests.tiny_bpe import build_bpe_chat_model
 
 from tba.config import load_config
 from tba.metrics import read_metrics
-from tba.runtime.distributed import run_ray
-from tba.runtime.sync import run_sync
+from tba.runtime.async_loop import run_ray
+from tba.runtime.sync_loop import run_sync
 
 REWARDS = """
 def length_bonus(completions, **kwargs):

@@ -17,8 +17,8 @@ from tba.eval_metrics import win_rate
 from tba.metrics import read_metrics
 from tba.models.logprobs import kl_and_ref_nll
 from tba.rewards import RewardStats
-from tba.runtime.distributed import run_ray
-from tba.runtime.sync import run_sync
+from tba.runtime.async_loop import run_ray
+from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.tasks.reward_model import SequenceScorer
 

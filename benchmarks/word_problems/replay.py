@@ -54,8 +54,8 @@ def replay(batches_path: Path, run: Path) -> int:
     from safetensors.torch import load_file
 
     from tba.config import load_config
-    from tba.runtime.common import open_run
-    from tba.runtime.components import build_components
+    from tba.runtime.build import build_components
+    from tba.runtime.run_dir import open_run
 
     with open(batches_path, "rb") as f:
         batches = pickle.load(f)

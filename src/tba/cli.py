@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from tba.runtime.errors import RunFailed
 
     if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid
-        from tba.runtime.distributed import run_ray as run
+        from tba.runtime.async_loop import run_ray as run
     else:
-        from tba.runtime.sync import run_sync as run
+        from tba.runtime.sync_loop import run_sync as run
 
     old_sigterm = interrupt_on_sigterm()  # the ray runtime sets it again after ray.init
     try:
@@ -114,7 +114,7 @@ def run_or_clean_up(run, cfg) -> None:
     """``run(cfg)``; if it raises, remove the run directory that this start created, unless training
     wrote something there (the evaluation of the starting weights is not training), so that a
     failed start does not block reusing the run's name."""
-    from tba.runtime.components import created_run_dirs, remove_unstarted
+    from tba.runtime.run_dir import created_run_dirs, remove_unstarted
 
     created_run_dirs.clear()
     try:

@@ -179,7 +179,9 @@ def evaluate_target(target: Target) -> dict:
     import torch
 
     from tba.models.tiny import BUILTIN_PREFIX
-    from tba.runtime.components import absolute_paths, load_evaluator, seed_everything
+    from tba.runtime.build import load_evaluator
+    from tba.runtime.policy import seed_everything
+    from tba.runtime.run_dir import absolute_paths
 
     cfg = absolute_paths(target.cfg)
     if cfg.run.threads:

@@ -18,7 +18,7 @@ runs: periodically during training (in the trainer process, or in an evaluation 
 evaluation needs besides the weights: the task (its own models, such as a judge or a victim, set
 up on first use), the tokenizer, a generator over the policy, the completion end tokens, and the
 frozen reference for tasks that measure KL (asked for only when the task needs it).
-:func:`tba.runtime.components.load_evaluator` builds one from a config alone.
+:func:`tba.runtime.build.load_evaluator` builds one from a config alone.
 """
 
 from __future__ import annotations

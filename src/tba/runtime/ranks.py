@@ -22,7 +22,8 @@ rank's loss is weighted by its share of the batch, so a step equals the 1-rank t
 the whole batch. ``trainer.precision=bf16-mixed`` becomes FSDP2's mixed-precision policy (bf16
 weights gathered for compute, gradients reduced in fp32, fp32 master shards).
 
-Publication and checkpoints gather full tensors to rank 0 (on its CPU). Rank 0 puts published
+Publication and checkpoints gather full tensors to rank 0 (on its CPU; publication casts each to
+the searchers' dtype on the device first). Rank 0 puts published
 weights on the ray runtime's weight board itself (once into Ray's object store, not through the
 driver); in the sync runtime, and for checkpoints, it hands them to the driver. The weight store and
 the checkpoint format are those of the 1-rank trainer (a Hugging Face folder for the weights), with
@@ -39,164 +40,38 @@ import warnings
 
 import ray
 import torch
+import torch.distributed as dist
 from ray.exceptions import RayActorError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
 from tba.config import Config, ConfigError, build_config
-from tba.models.logprobs import unwrap
+from tba.models.loading import resolve_device, resolve_dtype
+from tba.models.lora import is_lora, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
+from tba.runtime.cluster import rank_cpus
 from tba.runtime.errors import TrainerRankFailed
-from tba.trainer import group_lengths, loss_shares, rank_passes
+from tba.runtime.policy import load_trainer_policy, model_paths, quiet_transformers, seed_everything
+from tba.runtime.sharding import check_fsdp2, combine_metrics, load_sharded, shard_policy, split_groups, sub_batch
+from tba.runtime.weight_board import RayWeightStore
+from tba.trainer import Trainer, group_lengths, loss_shares, rank_passes
 from tba.types import Batch
 
 RANK_TIMEOUT_S = 1800.0
 """How long a rank waits in a collective for the others: a rank that dies is seen by the driver
 long before (its next call fails), which then stops the others; this only bounds a hang."""
 
+
 _POLL_S = 1.0  # how often the driver checks that the ranks it waits for are alive
+
+
 _DEATH_NOTICE_S = 10.0  # how long a rank's failure waits for news that another rank died (the cause)
-
-
-def searcher_cpus(cfg: Config) -> float:
-    """The CPUs that the ray runtime reserves for its searchers and its evaluation actor."""
-    r = cfg.runtime
-    return r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
-
-
-def rank_cpus(cfg: Config) -> float:
-    """``runtime.rank_cpus``, by default the local CPUs that searchers and evaluation leave (one kept
-    for the ``tba train`` process in the sync runtime, which generates), split over the ranks."""
-    r = cfg.runtime
-    if r.rank_cpus is not None:
-        return r.rank_cpus
-    taken = searcher_cpus(cfg) if r.type == "ray" else 1
-    return round(max(1.0, (os.cpu_count() or 1) - taken) / cfg.trainer.num_ranks, 4)
-
-
-def split_groups(sizes: list[int], ranks: int) -> list[list[int]]:
-    """Group indices per rank: whole groups, each rank at least one, the longest groups placed
-    first on the rank with the fewest tokens so far (``sizes[g]``: tokens of group g). Each rank's
-    indices keep the batch's order. Deterministic."""
-    if len(sizes) < ranks:
-        raise ValueError(f"{len(sizes)} groups cannot be split over {ranks} ranks")
-    load, parts = [0] * ranks, [[] for _ in range(ranks)]
-    for g in sorted(range(len(sizes)), key=lambda g: -sizes[g]):  # stable: ties keep the order
-        r = min(range(ranks), key=lambda r: (load[r] if parts[r] else -1, r))  # an empty rank first
-        parts[r].append(g)
-        load[r] += sizes[g]
-    return [sorted(p) for p in parts]
-
-
-def sub_batch(batch: Batch, groups: list[int]) -> Batch:
-    """The groups ``groups`` of ``batch``, as a batch of their own."""
-    return Batch([batch.prompt_ids[g] for g in groups], [r for g in groups for r in batch.group(g)], batch.group_size)
-
-
-# Metrics that are the same on every rank (global after the gradient reduction), and those that
-# are counts to add; the rest are means over each rank's groups, combined by its share of them.
-_SHARED = ("train/grad_norm", "train/clip_scale", "train/beta", "train/lr", "train/skipped_steps")
-_SUMMED = ("train/micro_batches", "train/oversize_groups")
-
-
-def combine_metrics(per_rank: list[dict[str, float]], sizes: list[float], scales: list[float]) -> dict[str, float]:
-    """One step's metrics from the ranks' own (``sizes``: each rank's fraction of the groups,
-    ``scales``: of the loss)."""
-    out: dict[str, float] = {}
-    for key in dict.fromkeys(k for m in per_rank for k in m):  # every rank's keys, in order
-        values = [m[key] for m in per_rank if key in m]
-        if key in _SHARED:
-            out[key] = values[0]
-        elif key in _SUMMED:
-            out[key] = float(sum(values))
-        elif key.startswith("rank/"):
-            continue
-        elif key == "train/loss":
-            out[key] = sum(m[key] * s for m, s in zip(per_rank, scales, strict=True) if key in m)
-        else:
-            out[key] = sum(m[key] * s for m, s in zip(per_rank, sizes, strict=True) if key in m) / sum(
-                s for m, s in zip(per_rank, sizes, strict=True) if key in m
-            )
-    peaks = [m["rank/peak_memory_gb"] for m in per_rank if "rank/peak_memory_gb" in m]
-    if peaks:
-        out["train/rank_peak_memory_gb"] = max(peaks)
-    return out
-
-
-def check_fsdp2() -> None:
-    """This torch has the FSDP2 the ranks use (public ``fully_shard``, and sums of gradients over
-    ranks without a division: ``set_force_sum_reduction_for_comms``, 2025); else a clear error."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        FSDPModule = None  # noqa: N806
-    if FSDPModule is None or not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
-        raise ConfigError(
-            f"trainer.num_ranks > 1 needs FSDP2 with set_force_sum_reduction_for_comms, which torch "
-            f"{torch.__version__} lacks: upgrade torch (2.9 has it) or train on one rank (trainer.num_ranks=1)"
-        )
-
-
-def shard_policy(model: torch.nn.Module, precision: Precision, device: torch.device | None = None) -> torch.nn.Module:
-    """FSDP2 over ``model`` in the current process group: one unit per decoder layer, then the root,
-    which stays gathered from forward to backward (the output head is applied after the forward).
-    Gradients are summed over ranks (each rank weights its loss by its share). ``device``: where the
-    shards live (default: where the model is); a model on the CPU moves there layer by layer, each
-    rank keeping only its shard, so no GPU ever holds the whole model."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-    base = unwrap(model)
-    names = set(getattr(base, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ConfigError(
-            f"trainer.num_ranks > 1 shards the model per decoder layer, and {type(base).__name__} names no "
-            "decoder layer class (_no_split_modules); train it with trainer.num_ranks=1"
-        )
-    policy = MixedPrecisionPolicy()
-    if precision.mode == "bf16-mixed":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    # the mesh on the model's device type: FSDP2's default is the machine's accelerator, so CPU ranks
-    # on a GPU machine (which Ray leaves every GPU visible to) would shard onto CUDA
-    device_type = device.type if device is not None else next(model.parameters()).device.type
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            m.set_gradient_divide_factor(1.0)  # a sum: each rank's loss carries its share already
-            m.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
-    return model
-
-
-@torch.no_grad()
-def load_sharded(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, rank: int) -> None:
-    """Copy full tensors, held by rank 0 (``state``; None elsewhere), into each rank's shards of the
-    parameters of the same names, in place (the parameters that FSDP2 and the optimizer hold stay
-    the same objects). Every rank calls this."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    names = [sorted(state) if rank == 0 else None]
-    dist.broadcast_object_list(names, src=0)
-    params = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each name
-    unknown = [n for n in names[0] if n not in params]
-    if unknown:
-        raise ValueError(f"weights for parameters this model does not have: {unknown[:3]}")
-    for name in names[0]:
-        param = params[name]
-        if not isinstance(param, DTensor):  # not sharded: the same on every rank
-            full = state[name].to(param.device, param.dtype) if rank == 0 else torch.empty_like(param)
-            dist.broadcast(full, src=0)
-            param.copy_(full)
-            continue
-        local = param.to_local()
-        full = state[name] if rank == 0 else None
-        full = full.to(local.device, local.dtype) if full is not None else local.new_empty(param.shape)
-        local.copy_(distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=0).to_local())
 
 
 @ray.remote
@@ -218,11 +93,6 @@ class TrainerRank:
 
     def join(self, host: str, port: int, pad_id: int, eos_ids: set[int]) -> None:
         """Join the process group, load the policy, shard it, build the optimizer."""
-        import torch.distributed as dist
-
-        from tba.models.loading import resolve_device, resolve_dtype
-        from tba.runtime.components import load_trainer_policy, model_paths, quiet_transformers, seed_everything
-        from tba.trainer import Trainer
 
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # hidden states are read, not changed
         quiet_transformers()
@@ -275,10 +145,6 @@ class TrainerRank:
         return metrics
 
     def _gather(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        from tba.models.lora import is_lora
-
         # tensor by tensor onto rank 0's CPU; a LoRA policy's frozen base is never needed (the adapter is)
         frozen = is_lora(self.trainer.model)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=frozen)
@@ -289,9 +155,7 @@ class TrainerRank:
         cast to the searchers' dtype on the device before it moves to rank 0's host memory, so neither
         a GPU nor the host holds the model twice, and nothing travels in fp32 that searchers hold in
         bf16. A LoRA policy's frozen base is not gathered."""
-        from torch.distributed.tensor import DTensor
-
-        from tba.models.lora import is_lora, published_state
+        from torch.distributed.tensor import DTensor  # (torch 2.5: see sharding.shard_policy)
 
         model = self.trainer.model
         dtype = getattr(torch, dtype_name) if dtype_name else None
@@ -308,7 +172,6 @@ class TrainerRank:
     def publish(self, board, version: int, dtype_name: str | None) -> None:
         """Gather what searchers load and put it on the weight board from rank 0 (ray runtime): the
         weights go from this process to the object store once, not through the driver."""
-        from tba.runtime.distributed import RayWeightStore
 
         state = self.published_state(dtype_name)
         if self.rank == 0:
@@ -316,14 +179,12 @@ class TrainerRank:
 
     def policy_state(self) -> dict[str, torch.Tensor] | None:
         """The trainable part of the policy's state dict, gathered (rank 0; the others None)."""
-        from tba.models.lora import policy_state
 
         state = self._gather()
         return policy_state(self.trainer.model, state) if self.rank == 0 else None
 
     def state_dict(self) -> dict | None:
         """The optimizer state gathered by parameter name, the schedule and the counters (rank 0)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         t = self.trainer
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -345,7 +206,6 @@ class TrainerRank:
         """Weights (``policy``: :func:`tba.models.lora.policy_state` of the driver's copy, given to rank
         0) and the trainer's state (``state``: what :meth:`state_dict` returned; its optimizer part given
         to rank 0, the schedule and counters to every rank); None: weights only."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         t = self.trainer
         load_sharded(t.model, policy, self.rank)

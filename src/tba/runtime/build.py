@@ -1,28 +1,22 @@
-"""Build a run's parts from its config: task, tokenizer, models, buffer, searcher, trainer.
-
-Shared by every runtime, so the sync and (later) distributed runtimes train the same thing.
-"""
+"""Build a run's parts from its config: task, tokenizer, models, generator, searcher, trainer (with
+its ranks when ``trainer.num_ranks`` > 1), buffer and evaluator. Every runtime and ``tba eval``
+build through here, so the sync and ray runtimes train the same thing."""
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from tba.buffer import ReplayBuffer
-from tba.checkpoint import latest_checkpoint
-from tba.config import ArithmeticTaskConfig, Config, ConfigError
-from tba.errors import RunDirError
+from tba.checkpoint import load_policy_weights
+from tba.config import Config, ConfigError
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
+from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator, check_vllm_backend
 from tba.models.loading import (
     check_causal_lm,
     eos_ids,
@@ -31,7 +25,6 @@ from tba.models.loading import (
     resolve_device,
     resolve_dtype,
 )
-from tba.models.logprobs import unwrap
 from tba.models.lora import (
     ReferenceView,
     add_adapter,
@@ -41,28 +34,13 @@ from tba.models.lora import (
     published_state,
 )
 from tba.models.precision import Precision
-from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer, ensure_tiny_model
+from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer
+from tba.runtime.policy import load_trainer_policy, model_paths, quiet_transformers
+from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher
 from tba.tasks import Task, build_task
 from tba.trainer import Trainer
 from tba.weights import DelayedWeights, LocalWeightStore, WeightStore, publications_to_keep
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def resolve_model_path(name: str, cfg: Config, log=print) -> str:
-    """A Hugging Face id or local path; ``builtin:`` names are built and cached on first use."""
-    if not name.startswith(BUILTIN_PREFIX):
-        return name
-    if name != "builtin:tiny-arithmetic":
-        raise ConfigError(f"unknown built-in model {name!r}; the built-in model is builtin:tiny-arithmetic")
-    # Warm-started on the arithmetic task's setting; other tasks get the default demo model.
-    warm = cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig()
-    return str(ensure_tiny_model(warm, cfg.model.cache_dir, log=log))
 
 
 @dataclass
@@ -83,19 +61,6 @@ class Components:
             self.trainer.ranks.close()
 
 
-def quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # per-file loading bars would bury the run's own progress
-
-
-def model_paths(cfg: Config, log=print) -> tuple[str, str]:
-    """(policy, reference) as loadable ids or paths; builds the demo model on first use."""
-    policy_path = resolve_model_path(cfg.model.policy, cfg, log)
-    ref_path = resolve_model_path(cfg.model.reference, cfg, log) if cfg.model.reference else policy_path
-    return policy_path, ref_path
-
-
 def check_models(cfg: Config, log=print) -> None:
     """Resolve the policy and the reference (building the demo model on first use) and check, from
     their configs alone, that each exists and is a causal LM: before the run directory exists."""
@@ -104,8 +69,6 @@ def check_models(cfg: Config, log=print) -> None:
     if ref_path != policy_path:
         check_causal_lm(ref_path, cfg.model.trust_remote_code, what="model.reference")
     if cfg.generation.backend == "vllm":
-        from tba.generation.vllm_backend import check_vllm_backend
-
         check_vllm_backend(config, resolve_device(cfg.run.device), sleep=cfg.generation.vllm.sleep)
 
 
@@ -166,7 +129,6 @@ def make_generator(
     share of its GPU (None: it shares the GPU with the trainer), which sizes the engine's memory."""
     if cfg.generation.backend == "hf":
         return HFGenerator(sampler, pad_id, eos)
-    from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
 
     device = resolve_device(cfg.run.device)
     policy_path, _ = model_paths(cfg)
@@ -269,42 +231,6 @@ def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=
     return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id, cfg.runtime.searcher_gpus)
 
 
-def load_trainer_policy(
-    cfg: Config, path: str, device: torch.device, precision: Precision, gradient_checkpointing: bool = True
-) -> torch.nn.Module:
-    """The policy the trainer updates, in ``precision``'s weights dtype (fp32 master weights for
-    bf16-mixed). With LoRA only the adapter trains: the frozen base stays in ``model.dtype`` unless
-    the precision is fp32, and PEFT keeps the adapter in fp32 (cast to bf16 for pure bf16)."""
-    m = cfg.model
-    dtype = precision.weights_dtype_name()
-    if m.lora is not None and precision.mode == "bf16-mixed":
-        dtype = m.dtype
-    policy = load_causal_lm(path, device, dtype, m.trust_remote_code)
-    if m.lora is not None:
-        policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
-        if precision.mode == "bf16":
-            policy = policy.to(torch.bfloat16)
-    if cfg.trainer.gradient_checkpointing and gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
-    return policy
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """transformers' activation checkpointing of every decoder layer, non-reentrant (it needs no
-    input that requires grad, so it works under a LoRA adapter). A model without it is a config error."""
-    base = unwrap(model)
-    if not getattr(base, "supports_gradient_checkpointing", False):
-        raise ConfigError(
-            f"trainer.gradient_checkpointing=true, but {type(base).__name__} does not support activation "
-            "checkpointing in transformers; set it to false"
-        )
-    kwargs = {"use_reentrant": False}
-    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name is deprecated
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
 def build_components(
     cfg: Config,
     log=print,
@@ -333,8 +259,6 @@ def build_components(
     eos = completion_eos(cfg, tokenizer, policy)
     pad = tokenizer.pad_token_id
     if cfg.trainer.num_ranks > 1:
-        from tba.runtime.ranks import RankGroup
-
         # a LoRA adapter starts from this copy's random initialisation; a full model from its file
         ranks = RankGroup(cfg, pad, eos, log, initial=policy_state(policy) if m.lora is not None else None)
     lag = cfg.runtime.extra_lag
@@ -400,8 +324,6 @@ def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print, gpu_s
         if m.lora is not None:
             policy = add_adapter(policy, m.lora).eval().requires_grad_(False)
             if checkpoint is not None:
-                from tba.checkpoint import load_policy_weights
-
                 load_policy_weights(policy, checkpoint)
     eos = completion_eos(cfg, tokenizer, policy)
     generator = None
@@ -434,113 +356,3 @@ def lazy_reference(cfg: Config, policy: torch.nn.Module, log=print):
         return held[0]
 
     return reference
-
-
-def absolute_paths(cfg: Config) -> Config:
-    """Local dataset files and reward-function files as absolute paths, so that searcher
-    processes (whose working directory may differ) and a repeated run find them."""
-    t = cfg.task
-    updates: dict = {}
-    for key in ("path", "eval_path"):
-        value = getattr(t, key, None)
-        if value and Path(value).expanduser().exists():
-            updates[key] = str(Path(value).expanduser().resolve())
-    funcs = getattr(t, "reward_funcs", None)
-    if funcs:
-        resolved = []
-        for spec in funcs:
-            file, sep, fn = spec.rpartition(":")
-            if sep and file.endswith(".py") and Path(file).expanduser().is_file():
-                spec = f"{Path(file).expanduser().resolve()}:{fn}"
-            resolved.append(spec)
-        updates["reward_funcs"] = resolved
-    if not updates:
-        return cfg
-    return cfg.model_copy(update={"task": t.model_copy(update=updates)})
-
-
-created_run_dirs: list[Path] = []
-"""Run directories that :func:`prepare_run_dir` created in this process, so that a start that fails
-can remove its own directory (:func:`remove_unstarted`) and leave the name free."""
-
-
-def check_run_dir(cfg: Config) -> Path:
-    """The run directory, checked without creating anything: a new run needs a free name and a
-    writable ``run.output_dir``; a resume needs a checkpoint. Raises :class:`RunDirError`."""
-    from datetime import datetime
-
-    name = cfg.run.name or f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.run.output_dir).expanduser() / name
-    if cfg.run.resume:
-        if not run_dir.is_dir():
-            raise RunDirError(
-                f"run.resume=true but {run_dir} does not exist; check run.output_dir and run.name, "
-                "or drop --run.resume to start a new run"
-            )
-        if latest_checkpoint(run_dir) is None:
-            raise RunDirError(
-                f"run.resume=true but {run_dir} holds no checkpoint, so there is nothing to resume; "
-                f"start afresh under another run.name (or delete {run_dir})"
-            )
-        return run_dir
-    if run_dir.exists() and not unstarted(run_dir):
-        raise RunDirError(
-            f"run directory {run_dir} already holds a run; pick another run.name, "
-            "or pass --run.resume=true to continue it"
-        )
-    parent = run_dir
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        what = "is a file, not a folder" if parent.exists() and not parent.is_dir() else "is not writable"
-        raise RunDirError(
-            f"cannot create run directory {run_dir}: {parent} {what}; set run.output_dir to a writable folder"
-        )
-    return run_dir
-
-
-def prepare_run_dir(cfg: Config, run_dir: Path | None = None) -> Path:
-    """Create (or reopen, on resume) the run directory that :func:`check_run_dir` approves."""
-    run_dir = run_dir or check_run_dir(cfg)
-    fresh = not run_dir.exists()
-    try:
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (run_dir / "plots").mkdir(exist_ok=True)
-    except OSError as err:
-        raise RunDirError(
-            f"cannot create run directory {run_dir}: {err.strerror or err}; set run.output_dir to a writable folder"
-        ) from err
-    if fresh:
-        created_run_dirs.append(run_dir)
-    return run_dir
-
-
-def unstarted(run_dir: Path, step_zero: bool = False) -> bool:
-    """The directory holds nothing a run wrote but ``config.yaml`` (and empty files or folders):
-    the trace of a start that failed before training, which does not block reusing the name. With
-    ``step_zero`` the records of the evaluation at step 0 (of the starting weights) count as
-    nothing too: what a start that failed while its searchers started leaves in the ray runtime."""
-    for path in run_dir.rglob("*"):
-        if not path.is_file() or path.name == "config.yaml" or path.stat().st_size == 0:
-            continue
-        if step_zero and path.parent == run_dir and path.name in ("metrics.jsonl", "samples.jsonl"):
-            if _step_zero_only(path):
-                continue
-        return False
-    return True
-
-
-def _step_zero_only(path: Path) -> bool:
-    """Every line of a JSON-lines file is a record of step 0."""
-    try:
-        return all(json.loads(line).get("step") == 0 for line in path.read_text().splitlines() if line.strip())
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return False
-
-
-def remove_unstarted(run_dir: Path, step_zero: bool = False) -> bool:
-    """Delete ``run_dir`` if it holds no trace of training (see :func:`unstarted`); True if it did."""
-    if run_dir.is_dir() and unstarted(run_dir, step_zero):
-        shutil.rmtree(run_dir)
-        return True
-    return False

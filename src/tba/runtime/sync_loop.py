@@ -23,23 +23,14 @@ from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plots import plot_run
-from tba.runtime.common import (
-    eval_key,
-    evaluate_policy,
-    log_errors,
-    open_run,
-    print_summary,
-    resume,
-    save,
-    write_summary,
-)
-from tba.runtime.components import Components, build_components
+from tba.runtime.build import Components, build_components
+from tba.runtime.cluster import ray_session
+from tba.runtime.report import eval_key, evaluate_policy, log_errors, print_summary, write_summary
+from tba.runtime.run_dir import open_run, resume, save
 
 
 def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
-        from tba.runtime.distributed import ray_session
-
         with ray_session(cfg):
             return _run(cfg, console)
     return _run(cfg, console)

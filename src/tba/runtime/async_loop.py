@@ -12,24 +12,16 @@ actor (searchers append, the trainer takes everything at once), weights through 
 publishing is one ``ray.put`` and a tiny call, so a slow or dead searcher cannot block it.
 Searchers check between two generation batches whether a newer version exists.
 
-Without ``runtime.address`` a local Ray instance is started (dashboard off, bound to localhost)
-and shut down at the end; with an address the run joins that cluster and places searchers by
-their resources. torch thread counts follow the CPUs given to each process, so a 2-core machine
-runs one trainer thread and one searcher thread instead of four fighting over two cores.
-
-A searcher whose process dies is restarted (``tba.runtime.restarts``); one that raises ends the
-run. A local instance is watched by ``tba.runtime.watchdog``, which stops this run's Ray
-processes if ``tba train`` is killed outright; SIGTERM stops a run like Ctrl-C does.
+Ray, threads and GPU shares: :mod:`tba.runtime.cluster`; the actors: :mod:`tba.runtime.actors` and
+:mod:`tba.runtime.weight_board`. A searcher whose process dies is restarted
+(:mod:`tba.runtime.restarts`); one that raises ends the run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -47,226 +39,22 @@ from tba.metrics import MetricsLogger
 from tba.models.loading import resolve_device
 from tba.models.precision import PeakMemory
 from tba.plots import plot_run
-from tba.runtime import watchdog as watchdog_module
+from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
-from tba.runtime.common import (
-    eval_key,
-    evaluate_policy,
-    log_errors,
-    open_run,
-    print_summary,
-    resume,
-    save,
-    write_summary,
+from tba.runtime.build import Components, build_components
+from tba.runtime.cluster import (
+    driver_device,
+    gpu_shares,
+    init_ray,
+    one_engine_at_a_time,
+    start_watchdog,
+    stop_watchdog,
+    trainer_threads,
 )
-from tba.runtime.components import Components, build_components, build_searcher, seed_everything
-from tba.runtime.eval_actor import BackgroundEvaluation, Finished
-from tba.runtime.gpus import actor_config, driver_device, gpu_shares, one_engine_at_a_time, searcher_gpu_ids
-from tba.runtime.ranks import rank_cpus, searcher_cpus
+from tba.runtime.report import eval_key, evaluate_policy, log_errors, print_summary, write_summary
 from tba.runtime.restarts import SearcherPool
-from tba.weights import to_host
-
-# Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
-# incarnations had counted, so the run's totals keep growing.
-_CUMULATIVE = (
-    "searcher/completions",
-    "searcher/empty_completions",
-    "searcher/unfinished",
-    "searcher/dropped_groups",
-    "searcher/reward_errors",
-    "searcher/reward_non_finite",
-    "searcher/no_reward",
-    "tokens",
-    "elapsed_s",
-)
-
-
-@ray.remote(num_cpus=0)
-class WeightBoard:
-    """The newest published weights: a version and an object-store reference."""
-
-    def __init__(self) -> None:
-        self.version = -1
-        self.ref = None
-
-    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def set(self, version: int, boxed_ref: list) -> None:
-        if version > self.version:  # a list keeps Ray from resolving the reference on the way in
-            self.version, self.ref = version, boxed_ref[0]
-
-    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def get_if_newer(self, version: int):
-        return (self.version, [self.ref]) if self.version > version else None
-
-
-class RayWeightStore:
-    """The ``WeightStore`` interface over a ``WeightBoard`` actor, usable from any process."""
-
-    def __init__(self, board) -> None:
-        self.board = board
-
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        ref = ray.put(to_host(state_dict))
-        ray.get(self.board.set.remote(version, [ref]))
-
-    def latest_version(self) -> int:
-        newest = ray.get(self.board.get_if_newer.remote(-1))
-        return -1 if newest is None else newest[0]
-
-    def fetch(self, newer_than: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-        newest = ray.get(self.board.get_if_newer.remote(newer_than))
-        if newest is None:
-            return None
-        version, (ref,) = newest
-        return version, ray.get(ref)
-
-
-@ray.remote(num_cpus=0)
-class Inbox:
-    """Groups on their way from searchers to the trainer, and each searcher's latest counters."""
-
-    def __init__(self) -> None:
-        self.groups: list = []
-        self.stats: dict[int, dict] = {}
-        self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
-        self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
-        self.running = True
-
-    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
-        self.groups.extend(groups)
-        last = self.stats.get(searcher_id)
-        if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
-            self.carried[searcher_id] = {k: last[k] for k in _CUMULATIVE if k in last}
-        carried = self.carried.get(searcher_id, {})
-        self.stats[searcher_id] = {**stats, **{k: stats[k] + v for k, v in carried.items() if k in stats}}
-        self.errors.extend(errors)
-        return self.running  # False tells the searcher to stop
-
-    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def drain(self) -> tuple[list, dict[int, dict], list[str]]:
-        groups, self.groups = self.groups, []
-        errors, self.errors = self.errors, []
-        return groups, dict(self.stats), errors
-
-    def stop(self) -> None:
-        self.running = False
-
-
-@ray.remote
-class SearcherWorker:
-    def __init__(self, cfg_data: dict, searcher_id: int, names: tuple[str, str], threads: int, driver_cwd: str = ""):
-        # The board and the inbox are found by name: an actor handle among the constructor's
-        # arguments makes Ray warn on every run that a restart might fail (ray-project/ray#53727).
-        board, inbox = (ray.get_actor(name) for name in names)
-        torch.set_num_threads(threads)
-        if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
-            sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
-        cfg = actor_config(cfg_data, ray.get_gpu_ids())
-        seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
-        self.searcher = build_searcher(cfg, RayWeightStore(board), searcher_id, log=lambda msg: None)
-        self.inbox = inbox
-        self.node = ray.get_runtime_context().get_node_id()
-        self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
-
-    def run(self) -> int:
-        """Generate until the trainer says stop; returns the number of batches generated."""
-        start, batches = time.perf_counter(), 0
-        while True:
-            groups = self.searcher.step()
-            batches += 1
-            s = self.searcher.stats
-            stats = {
-                **self.searcher.metrics(),
-                "tokens": s.tokens,
-                "elapsed_s": time.perf_counter() - start,
-                "node": self.node,
-                "incarnation": self.incarnation,
-            }
-            errors = self.searcher.new_errors()
-            if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
-                return batches
-
-
-def _init_ray(cfg: Config, trainer_device: torch.device | None = None) -> bool:
-    """Join the configured cluster, or start a local instance; True if we started it. A local
-    instance gets every GPU but the trainer's when the machine has several (:func:`tba.runtime.gpus.searcher_gpu_ids`):
-    Ray hands GPUs out without knowing that this process trains on one."""
-    if ray.is_initialized():
-        return False
-    quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
-    if cfg.runtime.address:
-        ray.init(address=cfg.runtime.address, **quiet)
-        return True  # our connection; ray.shutdown() disconnects without stopping the cluster
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = torch.cuda.device_count() if trainer_device is not None and trainer_device.type == "cuda" else 0
-    others = searcher_gpu_ids(trainer_device or torch.device("cpu"), visible, count)
-    if others is not None:  # Ray's node manager reads the variable when it starts; this process keeps its own
-        os.environ["CUDA_VISIBLE_DEVICES"] = others
-    try:  # "local": a new instance even when another runs on this machine (Ray would join the latest)
-        ray.init(address="local", num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **quiet)
-    finally:
-        if others is not None:
-            if visible is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    return True
-
-
-def _start_watchdog(cfg: Config) -> subprocess.Popen | None:
-    """The watchdog of a local Ray instance this run is about to start (none when joining a cluster)."""
-    if cfg.runtime.address or ray.is_initialized() or not sys.platform.startswith("linux"):
-        return None
-    proc = subprocess.Popen(
-        [sys.executable, watchdog_module.__file__, "--pid", str(os.getpid())],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,  # a signal to our process group leaves it running to clean up after us
-    )
-    proc.stdout.readline()  # "ready": it knows which processes existed before Ray's
-    return proc
-
-
-def _stop_watchdog(proc: subprocess.Popen | None) -> None:
-    """Closing its stdin ends the run for the watchdog: it stops what Ray's shutdown left, then exits."""
-    if proc is not None:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _trainer_threads(cfg: Config) -> int:
-    if cfg.runtime.trainer_cpus:
-        return cfg.runtime.trainer_cpus
-    if cfg.runtime.address:  # searchers may be elsewhere: use this machine
-        return os.cpu_count() or 1
-    taken = searcher_cpus(cfg)
-    if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
-        taken += cfg.trainer.num_ranks * rank_cpus(cfg)
-    return max(1, int((os.cpu_count() or 1) - taken))
-
-
-@contextlib.contextmanager
-def ray_session(cfg: Config):
-    """Ray for a runtime that needs it only for its trainer ranks (the sync runtime with
-    ``trainer.num_ranks`` > 1): join ``runtime.address`` or start a local instance (watched, like the
-    ray runtime's), SIGTERM unwinding the run; shut down at the end."""
-    watchdog = _start_watchdog(cfg)
-    started, old_sigterm = False, None
-    try:
-        # this process generates and keeps the policy copy on its device: Ray must not give it to a rank
-        started = _init_ray(cfg, driver_device(cfg, resolve_device(cfg.run.device)))
-        old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-        _stop_watchdog(watchdog)
-        if old_sigterm is not None:
-            signal.signal(signal.SIGTERM, old_sigterm)
+from tba.runtime.run_dir import open_run, resume, save
+from tba.runtime.weight_board import RayWeightStore, WeightBoard
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
@@ -275,20 +63,20 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     cfg, run_dir, prepared = open_run(cfg, chatter)  # builds the demo model on every core, before the split
-    torch.set_num_threads(cfg.run.threads or _trainer_threads(cfg))
+    torch.set_num_threads(cfg.run.threads or trainer_threads(cfg))
     if cfg.generation.backend == "vllm" and not cfg.eval.async_:
         log(
             "evaluation: HF generate on the trainer's policy (the trainer holds no vLLM engine); "
             "eval.async=true evaluates on one in the evaluation actor"
         )
-    watchdog = _start_watchdog(cfg)
+    watchdog = start_watchdog(cfg)
     started_ray, old_sigterm = False, None
     actors, metrics, background = [], None, None
     inbox, c = None, None
     try:
         # the trainer's own GPU is kept from Ray, unless ranks train (they get theirs from Ray)
         device = resolve_device(cfg.run.device)
-        started_ray = _init_ray(cfg, driver_device(cfg, device))
+        started_ray = init_ray(cfg, driver_device(cfg, device))
         shared = started_ray and not cfg.runtime.address and torch.cuda.device_count() == 1
         cfg = gpu_shares(cfg, device, ray.cluster_resources().get("GPU", 0.0), trainer_gpu_shared=shared)
         # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
@@ -348,7 +136,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             c.close()
         if started_ray:
             ray.shutdown()
-        _stop_watchdog(watchdog)
+        stop_watchdog(watchdog)
         if old_sigterm is not None:
             signal.signal(signal.SIGTERM, old_sigterm)
     summary = write_summary(run_dir, c, cfg, start, extra)

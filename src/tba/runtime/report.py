@@ -1,5 +1,6 @@
-"""What every runtime does the same way: open the run directory, evaluate, checkpoint, resume,
-summarise."""
+"""What a run reports: evaluations of the policy at their steps (with the engine or HF
+``generate``), per-sample errors, and the summary, written to ``summary.json`` and printed with a
+few samples."""
 
 from __future__ import annotations
 
@@ -9,52 +10,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tba.checkpoint import (
-    latest_checkpoint,
-    load_policy_weights,
-    read_trainer_state,
-    restore_global_rng,
-    save_checkpoint,
-)
-from tba.config import Config, dump_config
+from tba.config import Config
 from tba.console import summary_table
 from tba.evaluation import Evaluator, write_samples
-from tba.metrics import MetricsLogger, check_backends, read_metrics
+from tba.metrics import MetricsLogger, read_metrics
 from tba.models.loading import resolve_dtype
 from tba.models.precision import compute_as
-from tba.runtime.components import (
-    Components,
-    absolute_paths,
-    check_models,
-    check_run_dir,
-    prepare_run_dir,
-    prepare_task,
-    seed_everything,
-)
-
-
-def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
-    """Check everything a user can get wrong before the run directory exists, cheapest first: the
-    run directory (a free name, or a checkpoint to resume), the packages of the logging backends
-    that are on, the device, the task (dataset, prompt lengths, reward functions' dry run), the
-    models (found, causal LMs; the demo model is built here on first use); then seed, create (or
-    reopen, on resume) the run directory, and write the resolved config. Returns the config with
-    local paths made absolute, the run directory, and the prepared task. Each check raises a
-    :class:`tba.errors.UserError` that says what to fix."""
-    from tba.models.loading import resolve_device
-
-    log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    cfg = absolute_paths(cfg)
-    run_dir = check_run_dir(cfg)
-    check_backends(cfg.logging)
-    resolve_device(cfg.run.device)
-    prepared = prepare_task(cfg, log)
-    check_models(cfg, log)
-    seed_everything(cfg.run.seed)
-    run_dir = prepare_run_dir(cfg, run_dir)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    console.print(f"run directory: {run_dir}", highlight=False)
-    return cfg, run_dir, prepared
+from tba.runtime.build import Components, lazy_reference
+from tba.tasks.redteam import DEFAULT_EVAL_ATTACKS
 
 
 def evaluate_policy(
@@ -93,8 +56,6 @@ def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
             searcher = c.searcher
             reference = lambda: searcher.reference  # noqa: E731
         else:
-            from tba.runtime.components import lazy_reference
-
             reference = lazy_reference(cfg, c.policy)
         engine = None
         if c.searcher is not None and cfg.generation.backend == "vllm":
@@ -115,95 +76,6 @@ def log_errors(run_dir: Path, errors: list[str]) -> None:
         with (run_dir / "errors.log").open("a") as f:
             for text in errors:
                 f.write(text.rstrip() + "\n\n")
-
-
-def save(c: Components, run_dir: Path, extra: dict | None = None) -> Path:
-    """Checkpoint the trainer side and, where this process holds one (the sync runtime), the
-    searcher side: its state and the newest published weights, so that a resume continues exactly."""
-    extra = dict(extra or {})
-    c.trainer.sync_policy()  # trainer ranks: their weights into this process's copy, which is saved
-    if c.searcher is not None:
-        extra["searcher"] = c.searcher.state_dict()
-        extra["published"] = _published(c)
-    return save_checkpoint(
-        run_dir,
-        c.policy,
-        c.tokenizer,
-        c.trainer.state_dict(),
-        c.buffer.state_dict(),
-        extra,
-        merged=c.trainer.cfg.save_merged,
-        keep=c.trainer.cfg.keep_checkpoints,
-    )
-
-
-def _published(c: Components) -> dict:
-    """The weight store's newest version; its weights too when they are not the policy's own (the
-    checkpoint falls between two publications, with ``trainer.sync_interval`` > 1)."""
-    newest = c.trainer.weights.fetch(newer_than=-1)
-    if newest is None:
-        return {"version": -1}
-    version, state = newest
-    if version == c.trainer.version:
-        return {"version": version}
-    return {"version": version, "weights": dict(state)}
-
-
-def resume(c: Components, run_dir: Path, log) -> bool:
-    """Load the latest checkpoint of ``run_dir``; False if there is none. The trainer side
-    (weights, optimizer, schedule, buffer, random states) always; with a searcher in this process
-    (the sync runtime) also its state and the published weights, which it then republishes: the
-    run continues bit for bit as if it had not stopped."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        log(f"no checkpoint in {run_dir}; starting from scratch")
-        return False
-    state = read_trainer_state(ckpt)  # refuses an unsafe (pickled) checkpoint before anything loads
-    load_policy_weights(c.policy, ckpt)  # the adapter alone for a LoRA policy
-    c.trainer.load_state_dict(state["trainer"])
-    c.buffer.load_state_dict(state["buffer"])
-    if c.searcher is not None:
-        _resume_searcher(c, state["extra"])
-    restore_global_rng(state["rng"])  # last: loading models above may draw random numbers
-    drop_metrics_after(run_dir / "metrics.jsonl", c.trainer.version)
-    drop_metrics_after(run_dir / "samples.jsonl", c.trainer.version)
-    log(f"resumed from {ckpt} at step {c.trainer.version}")
-    return True
-
-
-def _resume_searcher(c: Components, extra: dict) -> None:
-    """Restore the searcher and republish what it would load next, without opening a new recent
-    window in the buffer (the restored buffer has the windows it had)."""
-    published = extra.get("published", {"version": -1})
-    if "searcher" not in extra or published["version"] < 0:  # a checkpoint of the ray runtime
-        c.trainer.publish()
-        return
-    c.searcher.load_state_dict(extra["searcher"])
-    version = published["version"]
-    weights = published.get("weights") or c.trainer.published_state()
-    c.trainer.weights.publish(weights, version)
-    if c.searcher.version == version:  # it holds these weights already, so it would not pull them
-        c.searcher.generator.load_weights(weights, version)
-
-
-def drop_metrics_after(path: Path, step: int) -> None:
-    """Steps after the checkpoint will be trained again: set their old records aside (kept in
-    ``<name>.before-resume``, numbered if that exists) so the file reads as one run."""
-    if not path.is_file():
-        return
-    records = read_metrics(path)
-    if all(r["step"] <= step for r in records):
-        return
-    aside = path.with_name(path.name + ".before-resume")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = path.with_name(f"{path.name}.before-resume-{n}")
-    path.rename(aside)
-    with path.open("w") as f:
-        for r in records:
-            if r["step"] <= step:
-                f.write(json.dumps(r) + "\n")
 
 
 def _mean(values: list[float]) -> float | None:
@@ -251,8 +123,6 @@ def print_summary(console: Console, s: dict, cfg: Config, run_dir: Path | None =
     rate = key in ("eval/accuracy", "eval/win_rate", "eval/attack_success_rate")
     pattern = "{:.1%}" if rate else "{:.3f}"
     if cfg.task.name == "redteam":
-        from tba.tasks.redteam import DEFAULT_EVAL_ATTACKS
-
         decoding = f"{cfg.eval.samples if cfg.eval.samples > 1 else DEFAULT_EVAL_ATTACKS} sampled attacks"
     else:
         decoding = "greedy"

@@ -1,0 +1,176 @@
+"""The ray runtime's actors besides the weight board: searchers, the inbox their groups travel
+through, and evaluation beside the trainer.
+
+- :class:`SearcherWorker`: a searcher in its own process; it loads the newest weights between two
+  generation batches and puts each batch's groups, counters and errors in the :class:`Inbox`.
+- :class:`Inbox`: searchers append, the trainer takes everything at once; it keeps each
+  searcher's latest counters, adding up those of a restarted searcher's earlier incarnations.
+- :class:`EvalWorker` and :class:`BackgroundEvaluation` (``eval.async=true``): an actor loads the
+  task, tokenizer and policy once (as ``tba eval`` does) and evaluates the weights sent with each
+  request while the trainer goes on; results come back tagged with their step. At most one
+  evaluation is in flight: if the next is due first, the trainer waits for it (counted in
+  ``trainer/eval_wait_s``), so that every requested step is evaluated and at most one extra copy
+  of the weights is held.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from tba.config import Config
+from tba.runtime.build import build_searcher, load_evaluator
+from tba.runtime.cluster import actor_config
+from tba.runtime.policy import seed_everything
+from tba.runtime.weight_board import RayWeightStore
+from tba.weights import to_host
+
+# Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
+# incarnations had counted, so the run's totals keep growing.
+_CUMULATIVE = (
+    "searcher/completions",
+    "searcher/empty_completions",
+    "searcher/unfinished",
+    "searcher/dropped_groups",
+    "searcher/reward_errors",
+    "searcher/reward_non_finite",
+    "searcher/no_reward",
+    "tokens",
+    "elapsed_s",
+)
+
+
+@ray.remote(num_cpus=0)
+class Inbox:
+    """Groups on their way from searchers to the trainer, and each searcher's latest counters."""
+
+    def __init__(self) -> None:
+        self.groups: list = []
+        self.stats: dict[int, dict] = {}
+        self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
+        self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
+        self.running = True
+
+    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
+    def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
+        self.groups.extend(groups)
+        last = self.stats.get(searcher_id)
+        if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
+            self.carried[searcher_id] = {k: last[k] for k in _CUMULATIVE if k in last}
+        carried = self.carried.get(searcher_id, {})
+        self.stats[searcher_id] = {**stats, **{k: stats[k] + v for k, v in carried.items() if k in stats}}
+        self.errors.extend(errors)
+        return self.running  # False tells the searcher to stop
+
+    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
+    def drain(self) -> tuple[list, dict[int, dict], list[str]]:
+        groups, self.groups = self.groups, []
+        errors, self.errors = self.errors, []
+        return groups, dict(self.stats), errors
+
+    def stop(self) -> None:
+        self.running = False
+
+
+@ray.remote
+class SearcherWorker:
+    def __init__(self, cfg_data: dict, searcher_id: int, names: tuple[str, str], threads: int, driver_cwd: str = ""):
+        # The board and the inbox are found by name: an actor handle among the constructor's
+        # arguments makes Ray warn on every run that a restart might fail (ray-project/ray#53727).
+        board, inbox = (ray.get_actor(name) for name in names)
+        torch.set_num_threads(threads)
+        if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
+            sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
+        cfg = actor_config(cfg_data, ray.get_gpu_ids())
+        seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
+        self.searcher = build_searcher(cfg, RayWeightStore(board), searcher_id, log=lambda msg: None)
+        self.inbox = inbox
+        self.node = ray.get_runtime_context().get_node_id()
+        self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
+
+    def run(self) -> int:
+        """Generate until the trainer says stop; returns the number of batches generated."""
+        start, batches = time.perf_counter(), 0
+        while True:
+            groups = self.searcher.step()
+            batches += 1
+            s = self.searcher.stats
+            stats = {
+                **self.searcher.metrics(),
+                "tokens": s.tokens,
+                "elapsed_s": time.perf_counter() - start,
+                "node": self.node,
+                "incarnation": self.incarnation,
+            }
+            errors = self.searcher.new_errors()
+            if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
+                return batches
+
+
+@dataclass
+class Finished:
+    step: int
+    metrics: dict[str, float]
+    samples: list[dict]
+
+
+@ray.remote
+class EvalWorker:
+    def __init__(self, cfg_data: dict, threads: int, cwd: str):
+        os.chdir(cwd)  # relative paths in the config mean what they meant to the trainer
+        torch.set_num_threads(threads)
+
+        cfg = actor_config(cfg_data, ray.get_gpu_ids())
+        self.evaluator = load_evaluator(cfg, log=lambda _: None, gpu_share=cfg.eval.eval_gpus)
+
+    def evaluate(self, step: int, weights: dict[str, torch.Tensor]) -> Finished:
+        start = time.perf_counter()
+        self.evaluator.load_weights(weights)
+        result = self.evaluator()
+        metrics = {**result.metrics, "eval/seconds": time.perf_counter() - start}
+        return Finished(step, metrics, result.samples)
+
+
+class BackgroundEvaluation:
+    """The trainer's side of the evaluation actor."""
+
+    def __init__(self, cfg: Config):
+        e = cfg.eval
+        self.actor = EvalWorker.options(num_cpus=e.eval_cpus, num_gpus=e.eval_gpus).remote(
+            cfg.model_dump(mode="json", by_alias=True), max(1, int(e.eval_cpus)), os.getcwd()
+        )
+        self._pending: ray.ObjectRef | None = None
+        self.waited_s = 0.0  # the trainer's time spent waiting for the previous evaluation
+
+    def submit(self, step: int, weights: dict[str, torch.Tensor]) -> list[Finished]:
+        """Start evaluating ``weights`` as step ``step``; returns the previous evaluation if the
+        trainer had to wait for it (it is still running otherwise)."""
+        start = time.perf_counter()
+        done = self.finish()
+        self.waited_s += time.perf_counter() - start
+        self._pending = self.actor.evaluate.remote(step, to_host(weights))  # a CUDA tensor would need a GPU there
+        return done
+
+    def poll(self) -> list[Finished]:
+        """The evaluation in flight, if it has finished; never waits."""
+        if self._pending is None:
+            return []
+        ready, _ = ray.wait([self._pending], timeout=0)
+        return self.finish() if ready else []
+
+    def finish(self) -> list[Finished]:
+        """Wait for the evaluation in flight, if any."""
+        if self._pending is None:
+            return []
+        pending, self._pending = self._pending, None
+        return [ray.get(pending)]
+
+    def stop(self) -> None:
+        self._pending = None
+        ray.kill(self.actor)

@@ -1,0 +1,87 @@
+"""Where a run's models come from: the policy's and the reference's paths (the built-in demo model
+built on first use), the trainer's copy of the policy (its precision, LoRA adapter, activation
+checkpointing), seeding, and transformers kept quiet. The builders (:mod:`tba.runtime.build`) and
+the trainer ranks (:mod:`tba.runtime.ranks`) both load from here."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from transformers.utils import logging as hf_logging
+
+from tba.config import ArithmeticTaskConfig, Config, ConfigError
+from tba.models.loading import (
+    load_causal_lm,
+)
+from tba.models.logprobs import unwrap
+from tba.models.lora import (
+    add_adapter,
+)
+from tba.models.precision import Precision
+from tba.models.tiny import BUILTIN_PREFIX, ensure_tiny_model
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_model_path(name: str, cfg: Config, log=print) -> str:
+    """A Hugging Face id or local path; ``builtin:`` names are built and cached on first use."""
+    if not name.startswith(BUILTIN_PREFIX):
+        return name
+    if name != "builtin:tiny-arithmetic":
+        raise ConfigError(f"unknown built-in model {name!r}; the built-in model is builtin:tiny-arithmetic")
+    # Warm-started on the arithmetic task's setting; other tasks get the default demo model.
+    warm = cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig()
+    return str(ensure_tiny_model(warm, cfg.model.cache_dir, log=log))
+
+
+def quiet_transformers() -> None:
+    hf_logging.disable_progress_bar()  # per-file loading bars would bury the run's own progress
+
+
+def model_paths(cfg: Config, log=print) -> tuple[str, str]:
+    """(policy, reference) as loadable ids or paths; builds the demo model on first use."""
+    policy_path = resolve_model_path(cfg.model.policy, cfg, log)
+    ref_path = resolve_model_path(cfg.model.reference, cfg, log) if cfg.model.reference else policy_path
+    return policy_path, ref_path
+
+
+def load_trainer_policy(
+    cfg: Config, path: str, device: torch.device, precision: Precision, gradient_checkpointing: bool = True
+) -> torch.nn.Module:
+    """The policy the trainer updates, in ``precision``'s weights dtype (fp32 master weights for
+    bf16-mixed). With LoRA only the adapter trains: the frozen base stays in ``model.dtype`` unless
+    the precision is fp32, and PEFT keeps the adapter in fp32 (cast to bf16 for pure bf16)."""
+    m = cfg.model
+    dtype = precision.weights_dtype_name()
+    if m.lora is not None and precision.mode == "bf16-mixed":
+        dtype = m.dtype
+    policy = load_causal_lm(path, device, dtype, m.trust_remote_code)
+    if m.lora is not None:
+        policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
+        if precision.mode == "bf16":
+            policy = policy.to(torch.bfloat16)
+    if cfg.trainer.gradient_checkpointing and gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    return policy
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing of every decoder layer, non-reentrant (it needs no
+    input that requires grad, so it works under a LoRA adapter). A model without it is a config error."""
+    base = unwrap(model)
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"trainer.gradient_checkpointing=true, but {type(base).__name__} does not support activation "
+            "checkpointing in transformers; set it to false"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name is deprecated
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
