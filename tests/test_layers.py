@@ -96,6 +96,16 @@ def test_module_respects_layers(name, path):
             assert root in sys.stdlib_module_names or root in STDLIB_ONLY_FOR_L0, f"tba.{name} imports {root}"
 
 
+@pytest.mark.parametrize("name,path", list(modules()), ids=lambda x: str(x) if isinstance(x, str) else "")
+def test_every_module_says_its_job(name, path):
+    assert ast.get_docstring(ast.parse(path.read_text())), f"tba.{name} has no docstring"
+
+
+def test_no_runtime_module_holds_more_than_one_idea_worth_of_lines():
+    long = {p.name: n for p in (SRC / "runtime").glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}, f"split these by idea: {long}"
+
+
 def test_searcher_and_trainer_do_not_import_each_other():
     assert not any(m.startswith("tba.trainer") for m in imports(SRC / "searcher.py"))
     assert not any(m.startswith("tba.searcher") for m in imports(SRC / "trainer.py"))

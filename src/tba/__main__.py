@@ -1,3 +1,5 @@
+"""``python -m tba``: the ``tba`` command (:func:`tba.cli.main`)."""
+
 import sys
 
 from tba.cli import main

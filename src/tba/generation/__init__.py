@@ -1,1 +1,1 @@
-"""Generation backends behind one interface (HF ``generate`` here)."""
+"""Generation backends behind one interface: HF ``generate`` (``hf``) and vLLM (``vllm_backend``)."""
