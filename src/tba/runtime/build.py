@@ -35,7 +35,7 @@ from tba.models.lora import (
 )
 from tba.models.precision import Precision
 from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer
-from tba.runtime.policy import load_trainer_policy, model_paths, quiet_transformers
+from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher
 from tba.tasks import Task, build_task
@@ -264,17 +264,14 @@ def build_components(
     lag = cfg.runtime.extra_lag
     weights = weights or LocalWeightStore(keep=publications_to_keep(lag, cfg.trainer.sync_interval))
     buffer = make_buffer(cfg)
-    trainer = Trainer(
+    trainer = make_trainer(
+        cfg,
         policy,
-        buffer,
-        weights,
-        cfg.trainer,
-        cfg.objective,
-        cfg.generation.group_size,
         pad,
         eos,
-        max_new_tokens=cfg.generation.max_new_tokens,
-        precision=precision,
+        precision,
+        buffer=buffer,
+        weights=weights,
         # searchers hold model.dtype; a LoRA adapter stays as PEFT keeps it there (fp32)
         publish_dtype=None if m.lora is not None else resolve_dtype(m.dtype, device),
         ranks=ranks,

@@ -21,6 +21,7 @@ from tba.models.lora import (
 )
 from tba.models.precision import Precision
 from tba.models.tiny import BUILTIN_PREFIX, ensure_tiny_model
+from tba.trainer import Trainer
 
 
 def seed_everything(seed: int) -> None:
@@ -85,3 +86,24 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def make_trainer(
+    cfg: Config, model: torch.nn.Module, pad_id: int, eos: set[int], precision: Precision, **parts
+) -> Trainer:
+    """A trainer of ``model`` with the run's trainer and objective settings; ``parts``: the buffer,
+    weight store, ranks and publication dtype of the process that holds it (none for a rank)."""
+    parts = {"buffer": None, "weights": None, **parts}
+    return Trainer(
+        model,
+        parts.pop("buffer"),
+        parts.pop("weights"),
+        cfg.trainer,
+        cfg.objective,
+        cfg.generation.group_size,
+        pad_id,
+        eos,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        precision=precision,
+        **parts,
+    )

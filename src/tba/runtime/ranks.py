@@ -57,10 +57,10 @@ from tba.models.lora import is_lora, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
 from tba.runtime.cluster import rank_cpus
 from tba.runtime.errors import TrainerRankFailed
-from tba.runtime.policy import load_trainer_policy, model_paths, quiet_transformers, seed_everything
+from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers, seed_everything
 from tba.runtime.sharding import check_fsdp2, combine_metrics, load_sharded, shard_policy, split_groups, sub_batch
 from tba.runtime.weight_board import RayWeightStore
-from tba.trainer import Trainer, group_lengths, loss_shares, rank_passes
+from tba.trainer import group_lengths, loss_shares, rank_passes
 from tba.types import Batch
 
 RANK_TIMEOUT_S = 1800.0
@@ -123,18 +123,7 @@ class TrainerRank:
             data["model"]["dtype"] = str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")
             load_cfg = build_config(data)
         model = shard_policy(load_trainer_policy(load_cfg, policy_path, load_on, precision), precision, device)
-        self.trainer = Trainer(
-            model,
-            None,
-            None,
-            cfg.trainer,
-            cfg.objective,
-            cfg.generation.group_size,
-            pad_id,
-            eos_ids,
-            max_new_tokens=cfg.generation.max_new_tokens,
-            precision=precision,
-        )
+        self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
 
     def update(self, batch: Batch, version: int, scale: float, passes: int | None = None) -> dict[str, float]:
