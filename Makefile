@@ -16,7 +16,7 @@ COMPILED := $(VENV)/.compiled
 # minute of a 2-core set-up, and the demo starts only two Python processes. The test suite starts
 # dozens (CLI runs, Ray workers), so `make test` compiles the environment once, on every core.
 
-.PHONY: demo example test lint bench clean lock
+.PHONY: demo example test lint bench clean lock docs
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: $(COMPILED)
 	$(PYTEST)
 
+# The manual: docs/ as a site in site/ (mkdocs, strict: a broken link or a missing page fails); the
+# configuration reference is generated from the config's schema at each build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
@@ -61,7 +66,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_buffer.py
 
 # A fresh environment from the newest releases the ranges allow, frozen into constraints.txt, then
-# the whole suite on it. Commit the new constraints.txt only if the suite passed (README: Set-up).
+# the whole suite on it. Commit the new constraints.txt only if the suite passed (docs/index.md: Quickstart).
 lock:
 	rm -rf $(VENV)
 	$(MAKE) UNLOCKED=1 $(COMPILED)

@@ -5,7 +5,7 @@
   nothing when quiet; a live view on a terminal.
 - ``train/lag_fresh`` on a hand-built batch, and in a real tiny sync run (0 at sync_interval 1, v mod k
   at sync_interval k).
-- The README's metric table covers every metric name the code can write (found by a regex over the
+- The manual's metric table (docs/evaluation.md) covers every metric name the code can write (found by a regex over the
   sources) and every key of a real run's ``metrics.jsonl``, so it cannot go stale.
 """
 
@@ -148,7 +148,7 @@ def test_group_metrics_count_flat_mixed_and_unfinished():
     }
 
 
-# ---------------------------------------------------------------- metric names and the README
+# ---------------------------------------------------------------- metric names and the manual
 
 NAME = re.compile(r"f?\"((?:train|trainer|searcher|buffer|eval|reward)/[^\"\n]*)\"")
 
@@ -189,12 +189,12 @@ def _read(path: Path) -> str:
 
 
 def source_metric_names() -> set[str]:
-    """Every metric name the code can write, f-string families expanded to their README rows."""
+    """Every metric name the code can write, f-string families expanded to their rows in the manual."""
     names: set[str] = set()
     for path in SRC.rglob("*.py"):
         for name in NAME.findall(_read(path)):
             if "{" in name:
-                assert name in FAMILIES, f"{path}: metric family {name!r} has no README row; add it to FAMILIES"
+                assert name in FAMILIES, f"{path}: metric family {name!r} has no row in the manual; add it to FAMILIES"
                 names.update(FAMILIES[name]())
             elif re.fullmatch(r"[a-z]+/[\w@]*\w", name):  # not a bare prefix such as "eval/pass@"
                 names.add(name)
@@ -202,14 +202,15 @@ def source_metric_names() -> set[str]:
 
 
 def documented() -> set[str]:
-    """The names in the README's ``### Metrics`` section (first column of its tables)."""
-    text = _read(ROOT / "README.md")
-    section = text.split("### Metrics", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    """The names in the manual's metrics section (``docs/evaluation.md``, ``## Metrics``: the first
+    column of its tables)."""
+    text = _read(ROOT / "docs" / "evaluation.md")
+    section = text.split("\n## Metrics", 1)[1].split("\n## ", 1)[0].split("\n# ", 1)[0]
     return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
 
 
 def row_for(key: str) -> str:
-    """The README row that documents a metrics.jsonl key: ``eval/pass@4`` → ``eval/pass@k``."""
+    """The manual's row that documents a metrics.jsonl key: ``eval/pass@4`` → ``eval/pass@k``."""
     key = re.sub(r"^(eval/(?:pass|maj))@\d+$", r"\1@k", key)
     return re.sub(r"^reward/.+_mean$", "reward/<name>_mean", key)
 
@@ -218,16 +219,16 @@ def test_every_metric_name_in_the_sources_has_a_readme_row():
     names = source_metric_names()
     assert {"train/lag_fresh", "eval/pass@k", "searcher/restarts", "eval/win_rate", "train/log_z"} <= names
     missing = sorted(names - documented())
-    assert not missing, f"add these to the metric table in README.md (### Metrics): {missing}"
+    assert not missing, f"add these to the metric table in docs/evaluation.md (## Metrics): {missing}"
     stale = sorted(documented() - names)
-    assert not stale, f"the README's metric table lists names the code no longer writes: {stale}"
+    assert not stale, f"the manual's metric table lists names the code no longer writes: {stale}"
 
 
 @pytest.mark.parametrize("sync_interval", [1, 2])
 def test_a_real_run_writes_documented_metrics_and_lag_fresh_follows_the_sync_interval(
     sync_interval, tiny_checkpoint, tmp_path, capsys, monkeypatch
 ):
-    from tba.runtime import sync
+    from tba.runtime import sync_loop as sync
 
     monkeypatch.setattr(sync, "plot_run", lambda *args: None)  # plots are not under test: 2 s saved
 
@@ -258,7 +259,7 @@ def test_a_real_run_writes_documented_metrics_and_lag_fresh_follows_the_sync_int
     keys = {k for r in records for k in r} - {"step", "time_s"}
     assert {"eval/pass@2", "train/lag_fresh", "searcher/reward_mean"} <= keys
     missing = sorted({row_for(k) for k in keys} - documented())
-    assert not missing, f"add these to the metric table in README.md (### Metrics): {missing}"
+    assert not missing, f"add these to the metric table in docs/evaluation.md (## Metrics): {missing}"
     # every step trains on data generated right before it, by weights published 0..k-1 steps ago
     fresh = [r["train/lag_fresh"] for r in records if "train/loss" in r]
     assert fresh == [float(step % sync_interval) for step in range(4)]

@@ -114,7 +114,7 @@ def test_two_nccl_ranks_take_the_one_rank_step(demo_cache):
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
     try:
-        cuda = ["--run.device=cuda", "--trainer.precision=fp32"]  # bf16 ranks round otherwise (see README)
+        cuda = ["--run.device=cuda", "--trainer.precision=fp32"]  # bf16 ranks round otherwise (see docs/runtimes.md)
         one, m1 = _trained(demo_cache, 1, cuda, steps=1)
         two, m2 = _trained(demo_cache, 2, [*cuda, "--trainer.micro_batch_prompts=1"], steps=1)
         tokens = batch_tokens(one.buffer.sample(6, one.trainer.group_size))

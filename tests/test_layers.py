@@ -13,6 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tba"
 LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching prefix wins
     "types": 0,
     "config": 0,
+    "config_reference": 0,
     "errors": 0,
     "allocator": 0,
     "objectives": 1,

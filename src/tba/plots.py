@@ -315,8 +315,8 @@ examples:
 """
 
 
-def cli_main(argv: list[str]) -> int:
-    """``tba plot``: the paths written on stdout; bad input on one stderr line, exit status 2."""
+def build_parser() -> argparse.ArgumentParser:
+    """``tba plot``'s arguments."""
     parser = argparse.ArgumentParser(
         prog="tba plot",
         usage=USAGE,
@@ -335,6 +335,12 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument(
         "--x", choices=("step", "time", "both"), default="both", help="x axis: trainer steps, wall-clock, or both"
     )
+    return parser
+
+
+def cli_main(argv: list[str]) -> int:
+    """``tba plot``: the paths written on stdout; bad input on one stderr line, exit status 2."""
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # usage errors and --help: argparse has printed them
