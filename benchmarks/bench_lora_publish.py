@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
 from tba.config import ArithmeticTaskConfig, LoraConfig
+from tba.demo import ensure_tiny_model
 from tba.models.lora import add_adapter, copy_sharing_frozen, load_published_state, published_state
-from tba.models.tiny import ensure_tiny_model
 from tba.weights import LocalWeightStore
 
 LARGE = LlamaConfig(  # about 110 M parameters with tied embeddings

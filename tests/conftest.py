@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tba.config import load_config
-from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama, ensure_tiny_model
+from tba.demo import ensure_tiny_model
+from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
 from tba.types import Rollout
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tba.config import ConfigError, load_config
-from tba.models.tiny import tiny_model_path
+from tba.demo import tiny_model_path
 from tba.tasks import build_task
 from tba.tasks.arithmetic import ArithmeticTask
 

@@ -31,6 +31,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "plots": 2,
     "console": 2,
     "searcher": 3,
+    "demo": 3,
     "trainer": 3,
     "evaluation": 3,
     "runtime": 4,

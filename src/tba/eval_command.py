@@ -178,7 +178,7 @@ def evaluate_target(target: Target) -> dict:
     """Load and evaluate one target; its results as written to ``eval.json``."""
     import torch
 
-    from tba.models.tiny import BUILTIN_PREFIX
+    from tba.demo import BUILTIN_PREFIX
     from tba.runtime.build import load_evaluator
     from tba.runtime.policy import seed_everything
     from tba.runtime.run_dir import absolute_paths

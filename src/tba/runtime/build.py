@@ -12,6 +12,7 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
 from tba.config import Config, ConfigError
+from tba.demo import BUILTIN_PREFIX
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
@@ -34,7 +35,7 @@ from tba.models.lora import (
     published_state,
 )
 from tba.models.precision import Precision
-from tba.models.tiny import BUILTIN_PREFIX, build_char_tokenizer
+from tba.models.tiny import build_char_tokenizer
 from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher

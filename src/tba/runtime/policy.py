@@ -12,6 +12,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from tba.config import ArithmeticTaskConfig, Config, ConfigError
+from tba.demo import BUILTIN_PREFIX, ensure_tiny_model
 from tba.models.loading import (
     load_causal_lm,
 )
@@ -20,7 +21,6 @@ from tba.models.lora import (
     add_adapter,
 )
 from tba.models.precision import Precision
-from tba.models.tiny import BUILTIN_PREFIX, ensure_tiny_model
 from tba.trainer import Trainer
 
 

@@ -1,0 +1,114 @@
+"""The built-in demo model (``model.policy: builtin:tiny-arithmetic``): the tiny Llama of
+:mod:`tba.models.tiny`, warm-started on arithmetic so that reinforcement learning starts from
+partial accuracy.
+
+``ensure_tiny_model(task_cfg)`` returns a local directory holding an ordinary Hugging Face
+checkpoint (``config.json``, ``model.safetensors``, tokenizer files) that ``from_pretrained``
+loads like any other. It is built once per task setting and cached under ``$TBA_CACHE`` (default
+``~/.cache/tba``); later runs reuse it.
+
+The warm start is supervised next-token training on ``problem=answer<eos>`` strings from the
+task's training split, stopped as soon as greedy accuracy on a validation sample of that split
+reaches ``target_accuracy`` (so the RL demo has room to improve, whatever the machine's speed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from tba.generation.base import SamplingParams
+from tba.generation.hf import HFGenerator
+from tba.models.logprobs import pack
+from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.tasks.arithmetic import ArithmeticTask
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def greedy_accuracy(model, tokenizer, task: ArithmeticTask, prompts, max_new_tokens: int = 8) -> float:
+    gen = HFGenerator(model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
+    ids = [tokenizer(p.text)["input_ids"] for p in prompts]
+    outs = gen.generate(ids, SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens))
+    texts = tokenizer.batch_decode([o[0].token_ids for o in outs], skip_special_tokens=True)
+    return sum(task.reward(p, t) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
+
+
+def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = DEFAULT_SPEC, log=print) -> dict:
+    """Supervised training on correct answers until validation accuracy reaches the target."""
+    rng = random.Random(spec.seed)
+    valid = task.sample_prompts(spec.validation_size, random.Random(spec.seed + 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    eos = tokenizer.eos_token_id
+    acc, step, start = 0.0, 0, time.time()
+    model.train()
+    for step in range(1, spec.max_steps + 1):
+        batch = task.sample_prompts(spec.batch_size, rng)
+        prompts = [tokenizer(p.text)["input_ids"] for p in batch]
+        targets = [tokenizer(task.target(p), add_special_tokens=False)["input_ids"] + [eos] for p in batch]
+        ids, attn, comp_mask, p_len = pack(prompts, targets, tokenizer.pad_token_id)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, p_len:], reduction="none")
+        loss = (nll * comp_mask).sum() / comp_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % spec.check_every == 0:
+            acc = greedy_accuracy(model, tokenizer, task, valid, task.max_answer_tokens + 1)
+            log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy {acc:.1%}")
+            if acc >= spec.target_accuracy:
+                break
+    return {"steps": step, "validation_accuracy": acc, "seconds": round(time.time() - start, 1)}
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    return Path(cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
+
+
+def tiny_model_path(task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC) -> Path:
+    """Where the demo checkpoint of this arithmetic setting is cached: named by a hash of the setting."""
+    setting = task_cfg.model_dump()
+    for name, default in (("terms", 2), ("show_work", False)):  # settings added later: keep the old caches' keys
+        if setting.get(name) == default:
+            setting.pop(name, None)
+    key = {"task": setting, "spec": asdict(spec)}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root(cache_dir) / f"tiny-arithmetic-{digest}"
+
+
+def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, log=print) -> Path:
+    """Path of the warm-started demo checkpoint for this arithmetic setting; built on first use."""
+    if task_cfg.name != "arithmetic":
+        raise ValueError(f"builtin:tiny-arithmetic is warm-started on the arithmetic task, not {task_cfg.name!r}")
+    path = tiny_model_path(task_cfg, cache_dir, spec)
+    if (path / "warm_start.json").is_file():
+        return path
+    log(f"building the demo model (once; cached at {path})")
+    torch.manual_seed(spec.seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, spec)
+    task = ArithmeticTask(
+        task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms, task_cfg.show_work
+    )
+    info = warm_start(model, tokenizer, task, spec, log)
+    info["parameters"] = sum(p.numel() for p in model.parameters())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".building-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "warm_start.json").write_text(json.dumps(info, indent=2))
+    if path.exists():  # a half-written directory from an interrupted build
+        shutil.rmtree(path)
+    os.replace(tmp, path)  # atomic: a crash never leaves a cache entry that looks complete
+    log(f"demo model ready: {info['parameters']:,} parameters, {info['steps']} warm-start steps")
+    return path
