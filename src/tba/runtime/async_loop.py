@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +32,6 @@ from rich.console import Console
 from tba import allocator
 from tba.config import Config
 from tba.console import RunDisplay
-from tba.errors import interrupt_on_sigterm
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.loading import resolve_device
@@ -43,12 +41,9 @@ from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWo
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import (
-    driver_device,
     gpu_shares,
-    init_ray,
     one_engine_at_a_time,
-    start_watchdog,
-    stop_watchdog,
+    ray_session,
     trainer_threads,
 )
 from tba.runtime.report import eval_key, evaluate_policy, log_errors, print_summary, write_summary
@@ -69,76 +64,66 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             "evaluation: HF generate on the trainer's policy (the trainer holds no vLLM engine); "
             "eval.async=true evaluates on one in the evaluation actor"
         )
-    watchdog = start_watchdog(cfg)
-    started_ray, old_sigterm = False, None
     actors, metrics, background = [], None, None
     inbox, c = None, None
-    try:
-        # the trainer's own GPU is kept from Ray, unless ranks train (they get theirs from Ray)
-        device = resolve_device(cfg.run.device)
-        started_ray = init_ray(cfg, driver_device(cfg, device))
-        shared = started_ray and not cfg.runtime.address and torch.cuda.device_count() == 1
-        cfg = gpu_shares(cfg, device, ray.cluster_resources().get("GPU", 0.0), trainer_gpu_shared=shared)
-        # after ray.init, which installs its own SIGTERM handler (it logs and exits at once)
-        old_sigterm = interrupt_on_sigterm()
-        run_id = uuid.uuid4().hex[:12]
-        names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
-        board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote()
-        c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
-        resumed = cfg.run.resume and resume(c, run_dir, log)
-        metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
-        r = cfg.runtime
-        threads = max(1, int(r.searcher_cpus))
-        cfg_data = cfg.model_dump(mode="json")
-        # Searcher processes start (imports, model loading) while this one publishes and
-        # evaluates; the model paths are resolved by now, so none of them builds the demo model.
-        # vLLM engines that share a GPU start one at a time, before the trainer uses it: each sizes its
-        # KV cache from the memory the GPU has free while it profiles, which another process's
-        # allocations would take from it (or, freed meanwhile, make vLLM's profiling fail).
-        alone = one_engine_at_a_time(cfg, device, shared)
-        for i in range(r.num_searchers):
-            actors.append(
-                SearcherWorker.options(
-                    num_cpus=r.searcher_cpus,
-                    num_gpus=r.searcher_gpus,
-                    resources=dict(r.searcher_resources),
-                    max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
-                ).remote(cfg_data, i, names, threads, os.getcwd())
-            )
-            if alone:  # (a searcher that fails to start is reported by the pool, as always)
-                ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
-        initial = {}
-        if cfg.eval.async_:
-            background = BackgroundEvaluation(cfg)
-            if alone:
-                ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
-        c.trainer.publish()  # searchers start from the trainer's weights
-        if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
-            background.submit(0, c.trainer.published_state())
-        elif background is None and not resumed:
-            initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
-            metrics.log(0, initial)
-        on_event = lambda m: _event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
-        pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, on_event)
-        memory = "jemalloc" if allocator.loaded() else "the system allocator"
-        log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
-        extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background)
-    finally:
-        if inbox is not None:
-            inbox.stop.remote()
-        for actor in actors:
-            ray.kill(actor)
-        if background is not None:
-            background.stop()
-        if metrics is not None:
-            metrics.close()  # whatever happened, what was logged stays on disk
-        if c is not None:
-            c.close()
-        if started_ray:
-            ray.shutdown()
-        stop_watchdog(watchdog)
-        if old_sigterm is not None:
-            signal.signal(signal.SIGTERM, old_sigterm)
+    with ray_session(cfg) as started_ray:
+        try:
+            device = resolve_device(cfg.run.device)
+            shared = started_ray and not cfg.runtime.address and torch.cuda.device_count() == 1
+            cfg = gpu_shares(cfg, device, ray.cluster_resources().get("GPU", 0.0), trainer_gpu_shared=shared)
+            run_id = uuid.uuid4().hex[:12]
+            names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
+            board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote()
+            c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
+            resumed = cfg.run.resume and resume(c, run_dir, log)
+            metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
+            r = cfg.runtime
+            threads = max(1, int(r.searcher_cpus))
+            cfg_data = cfg.model_dump(mode="json")
+            # Searcher processes start (imports, model loading) while this one publishes and
+            # evaluates; the model paths are resolved by now, so none of them builds the demo model.
+            # vLLM engines that share a GPU start one at a time, before the trainer uses it: each sizes its
+            # KV cache from the memory the GPU has free while it profiles, which another process's
+            # allocations would take from it (or, freed meanwhile, make vLLM's profiling fail).
+            alone = one_engine_at_a_time(cfg, device, shared)
+            for i in range(r.num_searchers):
+                actors.append(
+                    SearcherWorker.options(
+                        num_cpus=r.searcher_cpus,
+                        num_gpus=r.searcher_gpus,
+                        resources=dict(r.searcher_resources),
+                        max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
+                    ).remote(cfg_data, i, names, threads, os.getcwd())
+                )
+                if alone:  # (a searcher that fails to start is reported by the pool, as always)
+                    ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
+            initial = {}
+            if cfg.eval.async_:
+                background = BackgroundEvaluation(cfg)
+                if alone:
+                    ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
+            c.trainer.publish()  # searchers start from the trainer's weights
+            if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
+                background.submit(0, c.trainer.published_state())
+            elif background is None and not resumed:
+                initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
+                metrics.log(0, initial)
+            on_event = lambda m: _event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
+            pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, on_event)
+            memory = "jemalloc" if allocator.loaded() else "the system allocator"
+            log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
+            extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background)
+        finally:
+            if inbox is not None:
+                inbox.stop.remote()
+            for actor in actors:
+                ray.kill(actor)
+            if background is not None:
+                background.stop()
+            if metrics is not None:
+                metrics.close()  # whatever happened, what was logged stays on disk
+            if c is not None:
+                c.close()
     summary = write_summary(run_dir, c, cfg, start, extra)
     plot_run(run_dir, eval_key(c))
     print_summary(console, summary, cfg, run_dir)

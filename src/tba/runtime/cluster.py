@@ -103,16 +103,16 @@ def trainer_threads(cfg: Config) -> int:
 
 @contextlib.contextmanager
 def ray_session(cfg: Config):
-    """Ray for a runtime that needs it only for its trainer ranks (the sync runtime with
-    ``trainer.num_ranks`` > 1): join ``runtime.address`` or start a local instance (watched, like the
-    ray runtime's), SIGTERM unwinding the run; shut down at the end."""
+    """Ray for a run (the ray runtime, and the sync runtime with ``trainer.num_ranks`` > 1): join
+    ``runtime.address`` or start a local instance, watched by the watchdog, without the GPU this
+    process uses (:func:`driver_device`); SIGTERM unwinds the run; shut down at the end. Yields
+    whether this run started the instance."""
     watchdog = start_watchdog(cfg)
     started, old_sigterm = False, None
     try:
-        # this process generates and keeps the policy copy on its device: Ray must not give it to a rank
         started = init_ray(cfg, driver_device(cfg, resolve_device(cfg.run.device)))
         old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
-        yield
+        yield started
     finally:
         if started:
             ray.shutdown()
