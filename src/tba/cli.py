@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import traceback
 
 from tba import __version__, allocator
 from tba.config import ConfigError, load_config
-from tba.errors import Terminated, UserError, interrupt_on_sigterm
+from tba.errors import Terminated, UserError, interrupt_on_sigterm, report
 
 USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--debug]
 
@@ -100,14 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         if old_sigterm is not None:
             signal.signal(signal.SIGTERM, old_sigterm)
     return 0
-
-
-def report(err: UserError, debug: bool) -> int:
-    """Bad input: its message (what is wrong and what to do), the traceback only with ``--debug``; status 2."""
-    if debug:
-        traceback.print_exception(err)
-    print(f"tba: {err}", file=sys.stderr)
-    return 2
 
 
 def run_or_clean_up(run, cfg) -> None:

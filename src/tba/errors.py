@@ -8,11 +8,22 @@ the fix. ``tba train`` prints it on one line and exits with status 2 (the traceb
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import traceback
 
 
 class UserError(Exception):
     """Bad input, caught before training starts; the message says what is wrong and what to do."""
+
+
+def report(err: Exception, debug: bool = False) -> int:
+    """Bad input, as every ``tba`` command shows it: its message (what is wrong and what to do) on
+    one stderr line, the traceback only with ``--debug``; returns the exit status, 2."""
+    if debug:
+        traceback.print_exception(err)
+    print(f"tba: {err}", file=sys.stderr)
+    return 2
 
 
 class ModelLoadError(UserError, ValueError):

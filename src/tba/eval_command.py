@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from tba.config import ConfigError, load_config
-from tba.errors import UserError
+from tba.errors import UserError, report
 
 USAGE = """usage: tba eval TARGET [CONFIG.yaml] [--checkpoint STEP] [--compare TARGET ...] [--output PATH]
                        [--section.key=value ...] [--debug]
@@ -59,10 +58,7 @@ def cli_main(argv: list[str]) -> int:
         targets = [resolve_target(t, args["config"], args["overrides"], args["checkpoint"]) for t in args["targets"]]
         results = [evaluate_target(t) for t in targets]
     except (UserError, ConfigError) as err:
-        if debug:
-            traceback.print_exception(err)
-        print(f"tba: {err}", file=sys.stderr)
-        return 2
+        return report(err, debug)
     print_table(results)
     for result, target in zip(results, targets, strict=True):
         if target.out is not None:

@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -34,7 +33,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from tba.errors import UserError
+from tba.errors import UserError, report
 from tba.metrics import read_metrics
 
 XChoice = Literal["step", "time", "both"]
@@ -349,8 +348,7 @@ def cli_main(argv: list[str]) -> int:
     try:
         paths = plot_runs(args.runs, out, args.names, args.ema, args.x)
     except UserError as err:
-        print(f"tba: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     for path in paths:
         print(path)
     return 0
