@@ -228,9 +228,10 @@ def test_every_metric_name_in_the_sources_has_a_readme_row():
 def test_a_real_run_writes_documented_metrics_and_lag_fresh_follows_the_sync_interval(
     sync_interval, tiny_checkpoint, tmp_path, capsys, monkeypatch
 ):
+    from tba.runtime import report
     from tba.runtime import sync_loop as sync
 
-    monkeypatch.setattr(sync, "plot_run", lambda *args: None)  # plots are not under test: 2 s saved
+    monkeypatch.setattr(report, "plot_run", lambda *args: None)  # plots are not under test: 2 s saved
 
     cfg = load_config(
         None,

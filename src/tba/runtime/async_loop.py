@@ -36,7 +36,6 @@ from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.loading import resolve_device
 from tba.models.precision import PeakMemory
-from tba.plots import plot_run
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
@@ -46,7 +45,7 @@ from tba.runtime.cluster import (
     ray_session,
     trainer_threads,
 )
-from tba.runtime.report import eval_key, evaluate_policy, log_errors, print_summary, write_summary
+from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
@@ -124,10 +123,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
                 metrics.close()  # whatever happened, what was logged stays on disk
             if c is not None:
                 c.close()
-    summary = write_summary(run_dir, c, cfg, start, extra)
-    plot_run(run_dir, eval_key(c))
-    print_summary(console, summary, cfg, run_dir)
-    return run_dir, summary
+    return run_dir, finish(console, run_dir, c, cfg, start, extra)
 
 
 def _event(run_dir: Path, log, message: str) -> None:

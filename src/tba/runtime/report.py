@@ -16,6 +16,7 @@ from tba.evaluation import Evaluator, write_samples
 from tba.metrics import MetricsLogger, read_metrics
 from tba.models.loading import resolve_dtype
 from tba.models.precision import compute_as
+from tba.plots import plot_run
 from tba.runtime.build import Components, lazy_reference
 from tba.tasks.redteam import DEFAULT_EVAL_ATTACKS
 
@@ -165,3 +166,13 @@ def print_samples(console: Console, run_dir: Path, count: int = 3, width: int = 
             highlight=False,
             markup=False,
         )
+
+
+def finish(
+    console: Console, run_dir: Path, c: Components, cfg: Config, start: float, extra: dict | None = None
+) -> dict:
+    """The end of every run: ``summary.json`` written, the plots drawn, the summary printed."""
+    summary = write_summary(run_dir, c, cfg, start, extra)
+    plot_run(run_dir, eval_key(c))
+    print_summary(console, summary, cfg, run_dir)
+    return summary

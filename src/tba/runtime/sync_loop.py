@@ -22,10 +22,9 @@ from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
-from tba.plots import plot_run
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
-from tba.runtime.report import eval_key, evaluate_policy, log_errors, print_summary, write_summary
+from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
 from tba.runtime.run_dir import open_run, resume, save
 
 
@@ -59,10 +58,7 @@ def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         if metrics is not None:
             metrics.close()  # whatever happened, what was logged stays on disk
         c.close()
-    summary = write_summary(run_dir, c, cfg, start)
-    plot_run(run_dir, eval_key(c))
-    print_summary(console, summary, cfg, run_dir)
-    return run_dir, summary
+    return run_dir, finish(console, run_dir, c, cfg, start)
 
 
 def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, initial: dict) -> None:
