@@ -114,3 +114,12 @@ def tiny_checkpoint(tmp_path_factory, tokenizer):
     build_tiny_llama(tokenizer, SMALL).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_tiny_checkpoint(path, spec: TinySpec):
+    """The demo's tokenizer on a random tiny Llama of ``spec``, saved as a Hugging Face folder."""
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    build_tiny_llama(tokenizer, spec).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

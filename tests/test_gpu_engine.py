@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import SMALL_DEMO_ARGS
+from tests.conftest import SMALL_DEMO_ARGS, save_tiny_checkpoint
 
-from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.models.tiny import TinySpec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,13 +28,8 @@ CUDA = torch.device("cuda")
 @pytest.fixture(scope="module")
 def head64_checkpoint(tmp_path_factory) -> Path:
     """The demo's tokenizer on a random Llama with heads 64 wide (every vLLM CUDA attention takes 64)."""
-    path = tmp_path_factory.mktemp("head64")
-    tokenizer = build_char_tokenizer()
-    torch.manual_seed(0)
     spec = TinySpec(hidden_size=128, layers=2, heads=2, intermediate_size=256, max_positions=128)
-    build_tiny_llama(tokenizer, spec).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("head64"), spec)
 
 
 def run_python(code: str, timeout: int = 600) -> dict:

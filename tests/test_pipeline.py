@@ -370,23 +370,18 @@ def test_reference_follows_the_policy_every_rho_steps(tokenizer):
     assert all((v == 0.03125).all() for v in reference.state_dict().values())
 
 
-def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint):
+def small_components(checkpoint, *overrides: str):
+    """The parts of a sync run of one-digit problems on ``checkpoint``: K=4, 4 prompts a batch."""
     from tba.config import load_config
     from tba.runtime.build import build_components
 
-    cfg = load_config(
-        None,
-        [
-            f"--model.policy={tiny_checkpoint}",
-            "--task.digits=1",
-            "--task.eval_size=10",
-            "--generation.group_size=4",
-            "--generation.samples_per_prompt=6",
-            "--generation.prompts_per_batch=4",
-            "--trainer.batch_prompts=2",
-        ],
-    )
-    c = build_components(cfg, log=lambda m: None)
+    base = ["--task.digits=1", "--task.eval_size=10", "--generation.group_size=4", "--generation.prompts_per_batch=4"]
+    cfg = load_config(None, [f"--model.policy={checkpoint}", *base, "--trainer.batch_prompts=2", *overrides])
+    return cfg, build_components(cfg, log=lambda m: None)
+
+
+def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint):
+    cfg, c = small_components(tiny_checkpoint, "--generation.samples_per_prompt=6")
     c.trainer.publish()
     groups = c.searcher.step()
     assert c.searcher.stats.completions == 4 * 6 and max(g.size for g in groups) <= 6
@@ -396,24 +391,10 @@ def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint
 
 
 def test_the_searchers_reference_pass_is_cut_as_the_trainers_passes_are(tiny_checkpoint):
-    from tba.config import load_config
-    from tba.runtime.build import build_components
-
     budget = 40
-    cfg = load_config(
-        None,
-        [
-            f"--model.policy={tiny_checkpoint}",
-            "--task.digits=1",
-            "--task.eval_size=10",
-            "--generation.group_size=4",
-            "--generation.prompts_per_batch=4",
-            "--trainer.batch_prompts=2",
-            "--trainer.micro_batch_prompts=1",
-            f"--trainer.micro_batch_tokens={budget}",
-        ],
+    _, c = small_components(
+        tiny_checkpoint, "--trainer.micro_batch_prompts=1", f"--trainer.micro_batch_tokens={budget}"
     )
-    c = build_components(cfg, log=lambda m: None)
     s = c.searcher
     assert (s.ref_micro_batch, s.ref_max_tokens) == (4, budget)  # one group's sequences, the trainer's budget
     c.trainer.publish()

