@@ -16,8 +16,9 @@ import signal
 import sys
 
 from tba import __version__, allocator
-from tba.config import ConfigError, load_config
+from tba.config import ConfigError, dump_config, load_config
 from tba.errors import Terminated, UserError, interrupt_on_sigterm, report
+from tba.runtime.errors import RunFailed
 
 USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--debug]
 
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if entry_point:
         allocator.restore_environment()
+    # each command's modules load only when it runs: matplotlib for plot, torch for eval and train
+    # (after the config validated, so a typo fails in a fraction of a second)
     if argv and argv[0] == "plot":
         from tba.plots import cli_main as plot_main
 
@@ -65,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return report(err, debug)
     if print_config:
-        from tba.config import dump_config
-
         print(dump_config(cfg), end="")
         return 0
     if entry_point and cfg.runtime.type == "ray":
@@ -74,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
             allocator.reexec_under_jemalloc(argv)  # returns only where it does not apply
         except ValueError as err:
             return report(UserError(str(err)), debug)
-    from tba.runtime.errors import RunFailed
-
     if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid
         from tba.runtime.async_loop import run_ray as run
     else:
@@ -105,7 +104,7 @@ def run_or_clean_up(run, cfg) -> None:
     """``run(cfg)``; if it raises, remove the run directory that this start created, unless training
     wrote something there (the evaluation of the starting weights is not training), so that a
     failed start does not block reusing the run's name."""
-    from tba.runtime.run_dir import created_run_dirs, remove_unstarted
+    from tba.runtime.run_dir import created_run_dirs, remove_unstarted  # torch: only once a run starts
 
     created_run_dirs.clear()
     try:
