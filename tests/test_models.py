@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.models.loading import encode_prompts, eos_ids, load_causal_lm, load_tokenizer
-from tba.models.logprobs import forward_chunks, pack, sequence_logprobs, token_logprobs, truncate_at_eos
+from tba.models.logprobs import pack, plan_micro_batches, sequence_logprobs, token_logprobs, truncate_at_eos
 
 
 def naive_logprob(model, prompt: list[int], completion: list[int], eos: int) -> float:
@@ -75,17 +75,16 @@ def test_token_logprobs_mask_and_micro_batches(tiny_model, tokenizer):
 
 def test_a_token_budget_cuts_the_passes_shortest_first_and_keeps_the_order(tiny_model, tokenizer):
     prompts, completions = _cases(tokenizer)
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
-    chunks = forward_chunks(lengths, None, max_tokens=2 * max(lengths))
+    sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
+    budget = 2 * max(p + c for p, c in sizes)
+    chunks = plan_micro_batches(sizes, 1, max_tokens=budget)
     assert sorted(i for c in chunks for i in c) == list(range(len(prompts)))
-    assert all(len(c) * max(lengths[i] for i in c) <= 2 * max(lengths) for c in chunks)
-    assert [lengths[i] for c in chunks for i in c] == sorted(lengths)  # like lengths share a pass
-    assert forward_chunks([9, 3, 5], max_items=2, max_tokens=None) == [[0, 1], [2]]  # no budget: in order
-    assert forward_chunks([50, 3], None, max_tokens=10) == [[1], [0]]  # over the budget alone: alone
+    assert all(len(c) * (max(sizes[i][0] for i in c) + max(sizes[i][1] for i in c)) <= budget for c in chunks)
+    assert [sum(sizes[i]) for c in chunks for i in c] == sorted(map(sum, sizes))  # like lengths share a pass
     eos = tokenizer.eos_token_id
     with torch.no_grad():
         whole = sequence_logprobs(tiny_model, prompts, completions, eos, eos)
-        cut = sequence_logprobs(tiny_model, prompts, completions, eos, eos, max_tokens=2 * max(lengths))
+        cut = sequence_logprobs(tiny_model, prompts, completions, eos, eos, max_tokens=budget)
     assert_reordered_close(cut, whole, terms=model_terms(tiny_model.config, padded_positions(prompts, completions)))
 
 

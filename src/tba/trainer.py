@@ -29,7 +29,7 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import token_logprobs
+from tba.models.logprobs import plan_micro_batches, token_logprobs
 from tba.models.lora import load_policy_state, policy_state, published_state
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
@@ -116,34 +116,6 @@ def loss_shares(batch: Batch, parts: list[list[int]], objective: str) -> list[fl
     pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in p) for p in parts]
     total = sum(pairs)
     return [p / total for p in pairs] if total else sizes
-
-
-def plan_micro_batches(
-    sizes: list[tuple[int, int]], group_size: int, max_groups: int | None = None, max_tokens: int | None = None
-) -> list[list[int]]:
-    """Groups per micro-batch, as lists of group indices. ``sizes[g]`` is (longest prompt, longest
-    completion) of group g, in tokens. A micro-batch holds at most ``max_groups`` groups and at most
-    ``max_tokens`` padded tokens (sequences × (longest prompt + longest completion) in it); a group
-    over the budget alone goes alone. With a token budget, groups are taken shortest first, so
-    groups of like length share a micro-batch and little goes to padding."""
-    order = list(range(len(sizes)))
-    if max_tokens is not None:
-        order.sort(key=lambda g: sum(sizes[g]))  # stable: equal lengths keep the batch's order
-    plan: list[list[int]] = []
-    current: list[int] = []
-    longest_p = longest_c = 0
-    for g in order:
-        p, c = max(longest_p, sizes[g][0]), max(longest_c, sizes[g][1])
-        too_many = max_groups is not None and len(current) >= max_groups
-        too_long = max_tokens is not None and (len(current) + 1) * group_size * (p + c) > max_tokens
-        if current and (too_many or too_long):
-            plan.append(current)
-            current, p, c = [], sizes[g][0], sizes[g][1]
-        current.append(g)
-        longest_p, longest_c = p, c
-    if current:
-        plan.append(current)
-    return plan
 
 
 def rank_passes(batch: Batch, parts: list[list[int]], cfg) -> int:

@@ -305,12 +305,12 @@ def sequence_logprobs(
     """Sum of completion-token log-probs per sequence, ``[N]``; differentiable unless under no_grad.
 
     ``micro_batch`` (sequences) and ``max_tokens`` (sequences × their longest prompt + longest
-    completion, padding included) bound each forward pass; with a token budget the sequences are
-    taken shortest first, so like lengths share a pass. A sequence over the budget runs alone. The
-    results come back in the given order.
+    completion, padding included) bound each forward pass, planned as the trainer plans its
+    micro-batches (:func:`plan_micro_batches`, each sequence a group of one). The results come back
+    in the given order.
     """
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
-    chunks = forward_chunks(lengths, micro_batch, max_tokens)
+    sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
+    chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens)  # each sequence a group of one
     if len(chunks) <= 1:
         logp, _ = token_logprobs(model, prompts, completions, pad_id, eos_ids, temperature)
         return logp.sum(-1)
@@ -324,24 +324,32 @@ def sequence_logprobs(
     return torch.stack(out)
 
 
-def forward_chunks(lengths: list[int], max_items: int | None, max_tokens: int | None) -> list[list[int]]:
-    """Indices per forward pass: at most ``max_items`` sequences and ``max_tokens`` padded tokens
-    (count × longest) each, shortest first under a token budget (stable), else in order."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i]) if max_tokens is not None else range(len(lengths))
-    chunks: list[list[int]] = []
+def plan_micro_batches(
+    sizes: list[tuple[int, int]], group_size: int, max_groups: int | None = None, max_tokens: int | None = None
+) -> list[list[int]]:
+    """Groups per micro-batch, as lists of group indices. ``sizes[g]`` is (longest prompt, longest
+    completion) of group g, in tokens. A micro-batch holds at most ``max_groups`` groups and at most
+    ``max_tokens`` padded tokens (sequences × (longest prompt + longest completion) in it); a group
+    over the budget alone goes alone. With a token budget, groups are taken shortest first, so
+    groups of like length share a micro-batch and little goes to padding."""
+    order = list(range(len(sizes)))
+    if max_tokens is not None:
+        order.sort(key=lambda g: sum(sizes[g]))  # stable: equal lengths keep the batch's order
+    plan: list[list[int]] = []
     current: list[int] = []
-    longest = 0
-    for i in order:
-        full = max_items is not None and len(current) >= max_items
-        over = max_tokens is not None and (len(current) + 1) * max(longest, lengths[i]) > max_tokens
-        if current and (full or over):
-            chunks.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, lengths[i])
+    longest_p = longest_c = 0
+    for g in order:
+        p, c = max(longest_p, sizes[g][0]), max(longest_c, sizes[g][1])
+        too_many = max_groups is not None and len(current) >= max_groups
+        too_long = max_tokens is not None and (len(current) + 1) * group_size * (p + c) > max_tokens
+        if current and (too_many or too_long):
+            plan.append(current)
+            current, p, c = [], sizes[g][0], sizes[g][1]
+        current.append(g)
+        longest_p, longest_c = p, c
     if current:
-        chunks.append(current)
-    return chunks
+        plan.append(current)
+    return plan
 
 
 @torch.no_grad()
