@@ -898,6 +898,18 @@ def build_config(data: dict[str, Any]) -> Config:
         raise ConfigError(_format_error(err)) from None
 
 
+def with_values(cfg: Config, values: dict[str, Any]) -> Config:
+    """``cfg`` with the dotted keys of ``values`` set (``{"run.device": "cuda"}``), validated anew."""
+    data = cfg.model_dump(mode="json", by_alias=True)
+    for key, value in values.items():
+        *path, leaf = key.split(".")
+        node = data
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return build_config(data)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, then the YAML file at ``path``, then ``--section.key=value`` overrides."""
     data: dict[str, Any] = {}

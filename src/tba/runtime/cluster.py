@@ -34,7 +34,7 @@ import sys
 import ray
 import torch
 
-from tba.config import Config, ConfigError, build_config
+from tba.config import Config, ConfigError, build_config, with_values
 from tba.errors import interrupt_on_sigterm
 from tba.models.loading import resolve_device
 from tba.runtime import watchdog as watchdog_module
@@ -178,7 +178,7 @@ def gpu_shares(cfg: Config, device: torch.device, ray_gpus: float, trainer_gpu_s
     r, e = cfg.runtime, cfg.eval
     searcher, evaluation = r.searcher_gpus, e.eval_gpus
     if device.type != "cuda":
-        return _with(cfg, searcher or 0.0, evaluation or 0.0)
+        return with_values(cfg, {"runtime.searcher_gpus": searcher or 0.0, "eval.eval_gpus": evaluation or 0.0})
     wanted = [("runtime.searcher_gpus", searcher)] + ([("eval.eval_gpus", evaluation)] if e.async_ else [])
     for key, value in wanted:
         if value == 0:
@@ -199,14 +199,7 @@ def gpu_shares(cfg: Config, device: torch.device, ray_gpus: float, trainer_gpu_s
         share = share_of(actors, free, trainer_gpu_shared and cfg.trainer.num_ranks == 1)
         searcher = share if searcher is None else searcher
         evaluation = share if evaluation is None and e.async_ else evaluation
-    return _with(cfg, searcher, evaluation or 0.0)
-
-
-def _with(cfg: Config, searcher: float, evaluation: float) -> Config:
-    data = cfg.model_dump(mode="json", by_alias=True)
-    data["runtime"]["searcher_gpus"] = searcher
-    data["eval"]["eval_gpus"] = evaluation
-    return build_config(data)
+    return with_values(cfg, {"runtime.searcher_gpus": searcher, "eval.eval_gpus": evaluation or 0.0})
 
 
 def actor_config(cfg_data: dict, gpu_ids: list) -> Config:
@@ -214,9 +207,7 @@ def actor_config(cfg_data: dict, gpu_ids: list) -> Config:
     given the actor GPUs (``gpu_ids``, from ``ray.get_gpu_ids()``), which it numbers from 0."""
     cfg = build_config(cfg_data)
     if gpu_ids and cfg.run.device.startswith("cuda:"):
-        data = cfg.model_dump(mode="json", by_alias=True)
-        data["run"]["device"] = "cuda"
-        cfg = build_config(data)
+        cfg = with_values(cfg, {"run.device": "cuda"})
     return cfg
 
 

@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from tba.config import Config, ConfigError, build_config
+from tba.config import Config, ConfigError, build_config, with_values
 from tba.models.loading import resolve_device, resolve_dtype
 from tba.models.lora import is_lora, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
@@ -119,9 +119,8 @@ class TrainerRank:
         load_on, load_cfg = device, cfg
         if device.type == "cuda":
             load_on = torch.device("cpu")
-            data = cfg.model_dump(mode="json", by_alias=True)
-            data["model"]["dtype"] = str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")
-            load_cfg = build_config(data)
+            dtype = str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")
+            load_cfg = with_values(cfg, {"model.dtype": dtype})
         model = shard_policy(load_trainer_policy(load_cfg, policy_path, load_on, precision), precision, device)
         self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
