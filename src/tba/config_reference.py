@@ -72,12 +72,10 @@ def rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str, str]]
     out = []
     for name, field in model.model_fields.items():
         key = f"{prefix}.{field.alias or name}"
-        nested = [a for a in (field.annotation, *typing.get_args(field.annotation)) if _is_section(a)]
-        if nested and key != "task":
-            out.append((key, type_name(field.annotation), _default(field), _describe(field.description)))
-            out.extend(rows(nested[0], key))
-            continue
         out.append((key, type_name(field.annotation), _default(field), _describe(field.description)))
+        nested = [a for a in (field.annotation, *typing.get_args(field.annotation)) if _is_section(a)]
+        if nested:
+            out.extend(rows(nested[0], key))
     return out
 
 
