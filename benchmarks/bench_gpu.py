@@ -1,0 +1,235 @@
+"""Sync against ray at a realistic model size on one GPU: seconds per step, speedup, trainer busy
+fraction, generation tokens/s, weight-publish seconds and peak GPU memory, per trainer precision.
+
+    python benchmarks/bench_gpu.py --out runs/bench-gpu                       # Qwen2.5-0.5B's shape, 128 new tokens
+    python benchmarks/bench_gpu.py --out runs/bench-gpu --new-tokens 256 --precisions bf16-mixed fp32
+    python benchmarks/bench_gpu.py --out /tmp/b --device cpu --shape tiny --steps 3   # a smoke run on a CPU
+
+Model: random weights in Qwen2.5-0.5B's shape (hidden 896, intermediate 4864, 24 layers, 14 heads,
+2 KV heads, vocabulary 151,936, tied embeddings; 494 M parameters), built once into ``<out>/model``
+with a character tokenizer padded to the full vocabulary (so every sampled id decodes). Random
+weights are enough for time and memory: every completion is generated to ``--new-tokens``
+(``generation.min_new_tokens`` = ``max_new_tokens``), so both runtimes do the same work per step.
+Task: the built-in arithmetic task (its rewards are all 0 here; the figures are about speed).
+
+Each run is the real CLI (``tba train``) at equal trainer steps and batch, only ``runtime.type`` and
+``trainer.precision`` changed; the first ``--warmup`` steps (CUDA kernels' first calls, the
+allocator's growth) are left out of the per-step figures. ``--deadline`` (seconds from the start)
+skips the runs that would start after it and stops a run that outlasts it, so the script fits a
+lease of device time; skipped and failed runs are listed, not hidden.
+
+Printed: a markdown table; written: ``<out>/results-<precisions>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHAPES = {
+    # Qwen2.5-0.5B's decoder with random weights
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    # a smoke size for a CPU
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=4096
+    ),
+}
+
+
+def build_model(path: Path, shape: str) -> int:
+    """Save a random Qwen2 of ``shape`` and a padded character tokenizer to ``path``; return its
+    parameter count. Reused when ``path`` already holds one of that shape."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from tba.models.tiny import CHARS, SPECIALS
+
+    spec = SHAPES[shape]
+    marker = path / "shape.json"
+    if marker.exists() and json.loads(marker.read_text()).get("shape") == spec:
+        return json.loads(marker.read_text())["parameters"]
+    path.mkdir(parents=True, exist_ok=True)
+    base = SPECIALS + CHARS
+    filler = [f"<t{i}>" for i in range(spec["vocab_size"] - len(base))]
+    vocab = {tok: i for i, tok in enumerate(base + filler)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>", padding_side="left"
+    )
+    config = Qwen2Config(
+        **spec,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=vocab["<bos>"],
+        eos_token_id=vocab["<eos>"],
+        pad_token_id=vocab["<pad>"],
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    marker.write_text(json.dumps({"shape": spec, "parameters": parameters}))
+    return parameters
+
+
+def run(args, model: Path, runtime: str, precision: str, time_left: float) -> dict:
+    name = f"{runtime}-{precision}-{args.new_tokens}tok"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba",
+        "train",
+        f"--model.policy={model}",
+        f"--run.device={args.device}",
+        f"--run.output_dir={args.out / 'runs'}",
+        f"--run.name={name}",
+        f"--runtime.type={runtime}",
+        f"--trainer.precision={precision}",
+        f"--trainer.steps={args.steps}",
+        f"--trainer.batch_prompts={args.prompts}",
+        f"--generation.prompts_per_batch={args.prompts}",
+        f"--generation.group_size={args.group_size}",
+        f"--generation.max_new_tokens={args.new_tokens}",
+        f"--generation.min_new_tokens={args.new_tokens}",
+        "--eval.every=100000",
+        "--eval.limit=16",
+        "--eval.max_new_tokens=8",
+        "--logging.progress=false",
+    ]
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(time_left, 1) if time_left < 1e8 else None)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-1500:]
+        return {"name": name, "error": f"stopped at the deadline after {time.time() - start:.0f} s", "stderr": str(tail)}
+    wall = time.time() - start
+    (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return {"name": name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
+    run_dir = args.out / "runs" / name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r.get("train/loss") is not None]
+    timed = [r for r in train if r["step"] > args.warmup] or train
+    step_s = statistics.median(r["train/step_s"] for r in timed)
+    # seconds per step of the whole loop (generation included): time between logged steps
+    gaps = [b["time_s"] - a["time_s"] for a, b in zip(timed, timed[1:])]
+    loop_step_s = statistics.median(gaps) if gaps else None
+    tokens_per_step = args.prompts * args.group_size * args.new_tokens
+    if runtime == "sync":
+        gen_s = statistics.median(r["searcher/generate_s"] for r in timed)
+        tokens_per_s = tokens_per_step / gen_s
+    else:
+        gen_s = None
+        rates = [r["searcher/tokens_per_s"] for r in timed if r.get("searcher/tokens_per_s")]
+        tokens_per_s = statistics.median(rates) if rates else None
+    publish = [r["train/publish_s"] for r in timed if r.get("train/publish_s") is not None]
+    return {
+        "name": name,
+        "runtime": runtime,
+        "precision": precision,
+        "wall_s": wall,
+        "loop_step_s": loop_step_s,
+        "train_step_s": step_s,
+        "generate_s": gen_s,
+        "tokens_per_s": tokens_per_s,
+        "publish_s": statistics.median(publish) if publish else None,
+        "busy": summary.get("trainer_busy_fraction"),
+        "peak_memory_gb": summary.get("peak_memory_gb"),
+        "lag_mean": summary.get("lag_mean"),
+        "steps": len(train),
+    }
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-gpu"))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--precisions", nargs="+", default=["bf16-mixed", "fp32"])
+    parser.add_argument("--runtimes", nargs="+", default=["sync", "ray"])
+    parser.add_argument("--steps", type=int, default=10, help="trainer steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the per-step figures")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
+    parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (K)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--deadline", type=float, default=None, help="seconds from start: no run starts or lasts past it")
+    parser.add_argument("--build-only", action="store_true", help="build the model folder and stop")
+    args = parser.parse_args()
+    start = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    t0 = time.time()
+    parameters = build_model(args.out / "model", args.shape)
+    print(f"model: {args.shape}, {parameters / 1e6:.0f} M parameters, ready in {time.time() - t0:.0f} s", flush=True)
+    if args.build_only:
+        return
+    results = []
+    for precision in args.precisions:
+        for runtime in args.runtimes:
+            left = args.deadline - (time.time() - start) if args.deadline else 1e9
+            if left < 30:
+                results.append({"name": f"{runtime}-{precision}", "error": "skipped: no time left before the deadline"})
+                print(f"{runtime} {precision}: skipped (deadline)", flush=True)
+                continue
+            r = run(args, args.out / "model", runtime, precision, left)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    info = {"parameters": parameters, "shape": SHAPES[args.shape], "args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        import torch
+
+        info["device_name"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        info["torch"] = torch.__version__
+    except Exception as e:  # noqa: BLE001 - the figures matter more than the label
+        info["device_name"] = f"unknown ({e})"
+    (args.out / f"results-{'-'.join(args.precisions)}.json").write_text(json.dumps({"info": info, "runs": results}, indent=1))
+    print()
+    print(
+        f"{info['device_name']}, {parameters / 1e6:.0f} M parameters, {args.prompts} prompts x {args.group_size}, "
+        f"{args.new_tokens} new tokens, {args.steps} steps (first {args.warmup} not timed)"
+    )
+    print(
+        "| runtime | precision | s per step (loop) | trainer step s | sync generate s | tokens/s "
+        "| publish s | trainer busy | peak GiB | lag | wall s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['name']} | | {r['error']} | | | | | | | | |")
+            continue
+        print(
+            f"| {r['runtime']} | {r['precision']} | {fmt(r['loop_step_s'], '.2f')} | {fmt(r['train_step_s'], '.2f')} "
+            f"| {fmt(r['generate_s'], '.2f')} | {fmt(r['tokens_per_s'], '.0f')} | {fmt(r['publish_s'], '.2f')} "
+            f"| {fmt(r['busy'], '.2f')} | {fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['lag_mean'], '.2f')} | {r['wall_s']:.0f} |"
+        )
+    for precision in args.precisions:
+        s = next((r for r in results if r.get("runtime") == "sync" and r.get("precision") == precision), None)
+        a = next((r for r in results if r.get("runtime") == "ray" and r.get("precision") == precision), None)
+        if s and a and s.get("loop_step_s") and a.get("loop_step_s"):
+            print(f"{precision}: ray speedup {s['loop_step_s'] / a['loop_step_s']:.2f}x per step")
+
+
+if __name__ == "__main__":
+    main()
