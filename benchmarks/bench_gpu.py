@@ -44,7 +44,12 @@ SHAPES = {
     ),
     # a smoke size for a CPU
     "tiny": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=4096
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=4096,
     ),
 }
 
@@ -70,7 +75,12 @@ def build_model(path: Path, shape: str) -> int:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>", padding_side="left"
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
     )
     config = Qwen2Config(
         **spec,
@@ -115,10 +125,16 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
     ]
     start = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(time_left, 1) if time_left < 1e8 else None)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=max(time_left, 1) if time_left < 1e8 else None
+        )
     except subprocess.TimeoutExpired as e:
         tail = (e.stderr or b"")[-1500:]
-        return {"name": name, "error": f"stopped at the deadline after {time.time() - start:.0f} s", "stderr": str(tail)}
+        return {
+            "name": name,
+            "error": f"stopped at the deadline after {time.time() - start:.0f} s",
+            "stderr": str(tail),
+        }
     wall = time.time() - start
     (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -130,7 +146,7 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
     timed = [r for r in train if r["step"] > args.warmup] or train
     step_s = statistics.median(r["train/step_s"] for r in timed)
     # seconds per step of the whole loop (generation included): time between logged steps
-    gaps = [b["time_s"] - a["time_s"] for a, b in zip(timed, timed[1:])]
+    gaps = [b["time_s"] - a["time_s"] for a, b in zip(timed, timed[1:], strict=False)]
     loop_step_s = statistics.median(gaps) if gaps else None
     tokens_per_step = args.prompts * args.group_size * args.new_tokens
     if runtime == "sync":
@@ -174,7 +190,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
     parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (K)")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--deadline", type=float, default=None, help="seconds from start: no run starts or lasts past it")
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="seconds from start: no run starts or lasts past it"
+    )
     parser.add_argument("--build-only", action="store_true", help="build the model folder and stop")
     args = parser.parse_args()
     start = time.time()
@@ -204,7 +222,9 @@ def main() -> None:
         info["torch"] = torch.__version__
     except Exception as e:  # noqa: BLE001 - the figures matter more than the label
         info["device_name"] = f"unknown ({e})"
-    (args.out / f"results-{'-'.join(args.precisions)}.json").write_text(json.dumps({"info": info, "runs": results}, indent=1))
+    (args.out / f"results-{'-'.join(args.precisions)}.json").write_text(
+        json.dumps({"info": info, "runs": results}, indent=1)
+    )
     print()
     print(
         f"{info['device_name']}, {parameters / 1e6:.0f} M parameters, {args.prompts} prompts x {args.group_size}, "
@@ -222,7 +242,8 @@ def main() -> None:
         print(
             f"| {r['runtime']} | {r['precision']} | {fmt(r['loop_step_s'], '.2f')} | {fmt(r['train_step_s'], '.2f')} "
             f"| {fmt(r['generate_s'], '.2f')} | {fmt(r['tokens_per_s'], '.0f')} | {fmt(r['publish_s'], '.2f')} "
-            f"| {fmt(r['busy'], '.2f')} | {fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['lag_mean'], '.2f')} | {r['wall_s']:.0f} |"
+            f"| {fmt(r['busy'], '.2f')} | {fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['lag_mean'], '.2f')} "
+            f"| {r['wall_s']:.0f} |"
         )
     for precision in args.precisions:
         s = next((r for r in results if r.get("runtime") == "sync" and r.get("precision") == precision), None)
