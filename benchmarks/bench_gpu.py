@@ -4,6 +4,7 @@ fraction, generation tokens/s, weight-publish seconds and peak GPU memory, per t
     python benchmarks/bench_gpu.py --out runs/bench-gpu                       # Qwen2.5-0.5B's shape, 128 new tokens
     python benchmarks/bench_gpu.py --out runs/bench-gpu --new-tokens 256 --precisions bf16-mixed fp32
     python benchmarks/bench_gpu.py --out /tmp/b --device cpu --shape tiny --steps 3   # a smoke run on a CPU
+    python benchmarks/bench_gpu.py --out runs/bench-gpu --publish 4    # the parts of a weight publication
 
 Model: random weights in Qwen2.5-0.5B's shape (hidden 896, intermediate 4864, 24 layers, 14 heads,
 2 KV heads, vocabulary 151,936, tied embeddings; 494 M parameters), built once into ``<out>/model``
@@ -99,8 +100,82 @@ def build_model(path: Path, shape: str) -> int:
     return parameters
 
 
+def publish_breakdown(model_dir: Path, device: str, repeats: int) -> list[dict]:
+    """Time each part of one weight publication in the ray runtime, the way the trainer and a
+    searcher do it (``Trainer.published_state`` -> ``to_host`` -> ``ray.put``; the searcher's
+    ``ray.get`` -> ``load_published_state``), with bf16 published weights and the searcher a Ray
+    actor on the same device; plus the host copy into pinned memory, for comparison."""
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tba.models.lora import load_published_state, published_state
+    from tba.models.precision import cast_floats
+    from tba.weights import to_host
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    @ray.remote
+    class Loader:
+        def __init__(self, path: str, device: str) -> None:
+            self.device = device
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device)
+
+        def load(self, boxed: list) -> dict:
+            t0 = time.perf_counter()
+            state = ray.get(boxed[0])
+            t1 = time.perf_counter()
+            load_published_state(self.model, state)
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            return {"fetch_s": t1 - t0, "load_s": time.perf_counter() - t1}
+
+    ray.init(num_cpus=4, num_gpus=1 if device.startswith("cuda") else 0, include_dashboard=False, log_to_driver=False)
+    gpus = 0.5 if device.startswith("cuda") else 0
+    loader = Loader.options(num_gpus=gpus).remote(str(model_dir), device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    rows = []
+    for _ in range(repeats):
+        row = {}
+        sync()
+        t = time.perf_counter()
+        state = cast_floats(published_state(model), torch.bfloat16)
+        sync()
+        row["cast_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        host = to_host(state)
+        row["to_host_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        pinned = {
+            k: torch.empty(v.shape, dtype=v.dtype, pin_memory=device.startswith("cuda")) for k, v in state.items()
+        }
+        row["pin_alloc_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for k, v in state.items():
+            pinned[k].copy_(v, non_blocking=True)
+        sync()
+        row["to_pinned_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        ref = ray.put(host)
+        row["ray_put_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        row.update(ray.get(loader.load.remote([ref])))
+        row["searcher_total_s"] = time.perf_counter() - t
+        row["mb"] = sum(v.numel() * v.element_size() for v in host.values()) / 2**20
+        row["unique_mb"] = (
+            sum(v.numel() * v.element_size() for v in {v.data_ptr(): v for v in state.values()}.values()) / 2**20
+        )
+        rows.append(row)
+        print(json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
+        del state, host, pinned, ref
+    ray.shutdown()
+    return rows
+
+
 def run(args, model: Path, runtime: str, precision: str, time_left: float) -> dict:
-    name = f"{runtime}-{precision}-{args.new_tokens}tok"
+    name = f"{runtime}-{precision}-{args.new_tokens}tok{args.tag}"
     cmd = [
         sys.executable,
         "-m",
@@ -122,6 +197,7 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         "--eval.limit=16",
         "--eval.max_new_tokens=8",
         "--logging.progress=false",
+        *args.extra,
     ]
     start = time.time()
     try:
@@ -194,7 +270,11 @@ def main() -> None:
         "--deadline", type=float, default=None, help="seconds from start: no run starts or lasts past it"
     )
     parser.add_argument("--build-only", action="store_true", help="build the model folder and stop")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--publish", type=int, default=0, metavar="N", help="time the parts of N weight publications (ray), then stop"
+    )
+    parser.add_argument("--tag", default="", help="appended to the run names (runs with --extra overrides)")
+    args, args.extra = parser.parse_known_args()  # anything else goes to every run: --trainer.sync_interval=4
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -202,6 +282,15 @@ def main() -> None:
     parameters = build_model(args.out / "model", args.shape)
     print(f"model: {args.shape}, {parameters / 1e6:.0f} M parameters, ready in {time.time() - t0:.0f} s", flush=True)
     if args.build_only:
+        return
+    if args.publish:
+        rows = publish_breakdown(args.out / "model", args.device, args.publish)
+        (args.out / "publish.json").write_text(json.dumps(rows, indent=1))
+        keys = [k for k in rows[0] if k.endswith("_s")]
+        print("| " + " | ".join(keys) + " | MB published | MB unique |")
+        print("|" + "---:|" * (len(keys) + 2))
+        med = {k: statistics.median(r[k] for r in rows[1:] or rows) for k in rows[0]}
+        print("| " + " | ".join(f"{med[k]:.3f}" for k in keys) + f" | {med['mb']:.0f} | {med['unique_mb']:.0f} |")
         return
     results = []
     for precision in args.precisions:

@@ -42,11 +42,11 @@ def big_vocab_model():
     return Qwen2ForCausalLM(BIG_VOCAB).train()
 
 
-def random_sequences(n: int, seed: int = 1) -> tuple[list[list[int]], list[list[int]]]:
+def random_sequences(n: int, seed: int = 1, vocab: int = VOCAB) -> tuple[list[list[int]], list[list[int]]]:
     """Prompts of 2-12 tokens and completions of 1-20, ids across the whole vocabulary."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 12))] for _ in range(n)]
-    completions = [[rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 20))] for _ in range(n)]
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 12))] for _ in range(n)]
+    completions = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 20))] for _ in range(n)]
     return prompts, completions
 
 
