@@ -3,6 +3,7 @@ trainer holds fp32 master weights while searchers, publication and evaluation ke
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 
@@ -10,14 +11,16 @@ import pytest
 import torch
 from tests.numerics import assert_reordered_close, bf16_operand_terms
 from tests.test_pipeline import make_trainer, synthetic_groups
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, load_config
 from tba.models.logprobs import token_logprobs
-from tba.models.precision import PURE_BF16_WARNING, Precision, compute_as, resolve_precision
+from tba.models.lora import load_published_state
+from tba.models.precision import PURE_BF16_WARNING, Precision, cast_floats, compute_as, resolve_precision
 from tba.runtime.build import build_components
 from tba.runtime.policy import load_trainer_policy
-from tba.weights import LocalWeightStore
+from tba.weights import LocalWeightStore, to_host
 
 CPU = torch.device("cpu")
 
@@ -200,3 +203,49 @@ def test_lora_with_bf16_mixed_and_checkpointing_trains_the_fp32_adapter_on_a_bf1
     after = dict(c.policy.named_parameters())
     assert all(torch.equal(after[n], v) for n, v in base.items())
     assert any(not torch.equal(after[n], v) for n, v in adapter.items())
+
+
+def test_tied_weights_are_cast_copied_and_sent_once():
+    """A model whose output head is its input embedding (Qwen2.5-0.5B, SmolLM2, the demo model)
+    publishes that matrix once: one cast, one host copy, one copy kept by the local store, one in
+    the pickle that ``ray.put`` sends (on an H200, Qwen2.5-0.5B's publication was 1202 MiB with the
+    272 MiB head sent a second time)."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=4096,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(config)
+    emb, head = "model.embed_tokens.weight", "lm_head.weight"
+    state = model.state_dict()
+    assert state[emb].data_ptr() == state[head].data_ptr() and state[emb] is not state[head]
+
+    cast = cast_floats(state, torch.bfloat16)
+    assert cast[emb] is cast[head] and torch.equal(cast[emb], state[emb].bfloat16())
+    host = to_host(state)
+    assert host[emb] is host[head]
+    distinct = {id(v): v for v in cast.values()}.values()
+    distinct_bytes = sum(v.numel() * v.element_size() for v in distinct)
+    head_bytes = cast[head].numel() * cast[head].element_size()  # 256 KiB; the rest is 9 small tensors
+    assert len(pickle.dumps(cast)) < distinct_bytes + head_bytes // 4
+
+    store = LocalWeightStore()
+    store.publish(state, version=0)
+    _, kept = store.fetch(newer_than=-1)
+    assert kept[emb] is kept[head] and kept[emb].data_ptr() != state[emb].data_ptr()
+    before = state[emb].clone()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(1.0)  # a later optimizer step does not reach the copy
+    assert torch.equal(kept[emb], before) and not torch.equal(kept[emb], state[emb])
+
+    torch.manual_seed(1)
+    sampler = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    load_published_state(sampler, cast)
+    assert (
+        torch.equal(sampler.lm_head.weight, cast[emb]) and sampler.lm_head.weight is sampler.model.embed_tokens.weight
+    )

@@ -15,11 +15,27 @@ from typing import Protocol
 import torch
 
 
+def map_shared(state_dict: dict[str, torch.Tensor], fn) -> dict[str, torch.Tensor]:
+    """``{k: fn(v)}``, with ``fn`` called once per distinct view of memory: entries that view the same
+    memory (tied weights, such as an input embedding shared with the output head) get the same
+    result object. A copy made per entry would double their memory, and a pickle (``ray.put``)
+    stores an object once however often a dict holds it, not two tensors that share memory."""
+    done: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for k, v in state_dict.items():
+        key = (v.device, v.data_ptr(), v.dtype, tuple(v.shape), v.stride())
+        if key not in done or v.data_ptr() == 0:  # 0: no memory (empty or meta): nothing to share
+            done[key] = fn(v)
+        out[k] = done[key]
+    return out
+
+
 def to_host(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state_dict`` in host memory, for another process (Ray pickles a CUDA tensor as one, which a
     process without that GPU cannot load). Host tensors are not copied: what sends them to another
-    process (``ray.put``, a remote call's arguments) copies them as it serializes."""
-    return {k: v.detach().to("cpu") for k, v in state_dict.items()}
+    process (``ray.put``, a remote call's arguments) copies them as it serializes. Tied entries
+    stay one object (:func:`map_shared`), so they are copied and sent once."""
+    return map_shared(state_dict, lambda v: v.detach().to("cpu"))
 
 
 class WeightStore(Protocol):
@@ -44,7 +60,7 @@ class LocalWeightStore:
         self._history: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=keep)
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        copy = {k: v.detach().clone() for k, v in state_dict.items()}
+        copy = map_shared(state_dict, lambda v: v.detach().clone())  # tied weights: one copy
         with self._lock:
             if version <= self._newest():
                 raise ValueError(f"published version {version} is not newer than {self._newest()}")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.config import ConfigError
+from tba.weights import map_shared
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 
@@ -110,10 +111,11 @@ def compute_as(model: torch.nn.Module, dtype: torch.dtype) -> contextlib.Abstrac
 
 
 def cast_floats(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """``state`` with its floating tensors in ``dtype`` (None: unchanged); others as they are."""
+    """``state`` with its floating tensors in ``dtype`` (None: unchanged); others as they are. Tied
+    entries (one memory, two names) are cast once and stay one object (``tba.weights.map_shared``)."""
     if dtype is None:
         return state
-    return {k: v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v for k, v in state.items()}
+    return map_shared(state, lambda v: v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v)
 
 
 # --------------------------------------------------------------------------------------------
