@@ -39,6 +39,8 @@ CONFIGS: dict[str, list[str]] = {
     "ray_tb": ["--runtime.type=ray"],
     "ray_grpo": ["--runtime.type=ray", "--objective.type=grpo"],
     "sync_tb_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2"],  # the ray runtime's lag, exactly
+    # the ray runtime with the trainer waiting for data at most one version stale
+    "ray_tb_maxlag1": ["--runtime.type=ray", "--runtime.max_lag=1"],
     # trajectory balance with the clip that was the default before trainer.grad_clip=auto
     "sync_tb_clip1": ["--runtime.type=sync", "--trainer.grad_clip=1.0"],
     "ray_tb_clip1": ["--runtime.type=ray", "--trainer.grad_clip=1.0"],
