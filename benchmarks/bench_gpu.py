@@ -59,30 +59,17 @@ def build_model(path: Path, shape: str) -> int:
     """Save a random Qwen2 of ``shape`` and a padded character tokenizer to ``path``; return its
     parameter count. Reused when ``path`` already holds one of that shape."""
     import torch
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tba.models.tiny import CHARS, SPECIALS
+    from tba.models.tiny import build_char_tokenizer
 
     spec = SHAPES[shape]
     marker = path / "shape.json"
     if marker.exists() and json.loads(marker.read_text()).get("shape") == spec:
         return json.loads(marker.read_text())["parameters"]
     path.mkdir(parents=True, exist_ok=True)
-    base = SPECIALS + CHARS
-    filler = [f"<t{i}>" for i in range(spec["vocab_size"] - len(base))]
-    vocab = {tok: i for i, tok in enumerate(base + filler)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
+    tokenizer = build_char_tokenizer(spec["vocab_size"])
+    vocab = tokenizer.get_vocab()
     config = Qwen2Config(
         **spec,
         max_position_embeddings=4096,

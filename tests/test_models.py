@@ -116,6 +116,15 @@ def test_tokenizer_round_trips_through_auto_tokenizer(tiny_checkpoint, tokenizer
     assert tok.padding_side == "left" and tok.pad_token_id == tokenizer.pad_token_id
 
 
+def test_a_padded_char_tokenizer_encodes_alike_and_decodes_every_id(tokenizer):
+    from tba.models.tiny import build_char_tokenizer
+
+    padded = build_char_tokenizer(vocab_size=64)
+    assert len(padded) == 64 and len(tokenizer) < 64
+    assert padded("37+85=")["input_ids"] == tokenizer("37+85=")["input_ids"]
+    assert padded.decode([len(tokenizer), 63]) == f"<t0><t{63 - len(tokenizer)}>"
+
+
 def test_load_tokenizer_falls_back_to_eos_for_padding(tmp_path, tokenizer):
     no_pad = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, bos_token="<bos>", eos_token="<eos>")
     no_pad.save_pretrained(tmp_path)

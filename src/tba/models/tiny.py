@@ -36,8 +36,12 @@ DEFAULT_SPEC = TinySpec()
 """The demo model's shape and warm start."""
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """One token per character of the arithmetic task. ``vocab_size``: filler tokens ``<tN>`` pad the
+    vocabulary to that size, for a model with a realistic output head (benchmarks); every id decodes."""
+    base = SPECIALS + CHARS
+    filler = [f"<t{i}>" for i in range(max(0, (vocab_size or 0) - len(base)))]
+    vocab = {tok: i for i, tok in enumerate(base + filler)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
     tok.decoder = decoders.Fuse()
