@@ -17,7 +17,7 @@ latest batch) averaged over the first and the last 10 steps; the greedy evaluati
 (``train/kl``) averaged over the last 5 steps; the trained completions' length over the last 5
 steps; mean lag; the replay ratio; wall-clock. ``report`` prints one markdown row per config
 (mean ± std over seeds) and writes the curves (sampled reward and greedy evaluation against the
-step, mean over seeds) to ``--out``/curves.png; results accumulate in ``--out``/results.json.
+step, mean over seeds) to ``--out``/curves.png (``curves_<N>steps.png`` with ``--steps N``); results accumulate in ``--out``/results.json.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def report(a) -> None:
             f"| {col('kl_last5')} | {col('len_last5')} | {mean_std(flat) if flat else '-'} | {col('lag_mean')} "
             f"| {col('replay_ratio')} | {statistics.mean(r['wall_s'] for r in rs):.0f} |"
         )
-    plot(rows, a.out / "curves.png")
+    plot(rows, a.out / (f"curves_{a.steps}steps.png" if a.steps else "curves.png"))
 
 
 def plot(rows: list[dict], path: Path) -> None:
