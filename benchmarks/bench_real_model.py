@@ -41,6 +41,8 @@ CONFIGS: dict[str, list[str]] = {
     "sync_tb_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2"],  # the ray runtime's lag, exactly
     # the ray runtime with the trainer waiting for data at most one version stale
     "ray_tb_maxlag1": ["--runtime.type=ray", "--runtime.max_lag=1"],
+    # sync drawing 8 of 24 fresh groups a step, as the ray trainer did when its searcher outpaced it
+    "sync_tb_draw8of24": ["--runtime.type=sync", "--generation.prompts_per_batch=24"],
     # trajectory balance with the clip that was the default before trainer.grad_clip=auto
     "sync_tb_clip1": ["--runtime.type=sync", "--trainer.grad_clip=1.0"],
     "ray_tb_clip1": ["--runtime.type=ray", "--trainer.grad_clip=1.0"],
