@@ -17,7 +17,8 @@ latest batch) averaged over the first and the last 10 steps; the greedy evaluati
 (``train/kl``) averaged over the last 5 steps; the trained completions' length over the last 5
 steps; mean lag; the replay ratio; wall-clock. ``report`` prints one markdown row per config
 (mean ± std over seeds) and writes the curves (sampled reward and greedy evaluation against the
-step, mean over seeds) to ``--out``/curves.png (``curves_<N>steps.png`` with ``--steps N``); results accumulate in ``--out``/results.json.
+step, mean over seeds) to ``--out``/curves.png (``curves_<N>steps.png`` with ``--steps N``);
+results accumulate in ``--out``/results.json.
 """
 
 from __future__ import annotations
