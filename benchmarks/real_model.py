@@ -45,9 +45,10 @@ def gguf_path() -> Path:
     return path
 
 
-def ensure_smollm2(dest: Path | None = None, log=print) -> Path:
+def ensure_smollm2(dest: Path | None = None, log=print, gguf: Path | None = None) -> Path:
     """The model folder; converted from the GGUF file on first use (atomically: an interrupted
-    conversion leaves nothing that looks complete)."""
+    conversion leaves nothing that looks complete). ``gguf``: that file instead of the installed
+    package's (a machine that has the file but not the package)."""
     dest = Path(dest) if dest is not None else default_dest()
     if (dest / "config.json").is_file() and (dest / "tokenizer_config.json").is_file():
         return dest
@@ -61,7 +62,7 @@ def ensure_smollm2(dest: Path | None = None, log=print) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_path()
+    source = Path(gguf) if gguf is not None else gguf_path()
     log(f"converting {source.name} (Q4_1, dequantised to fp32) into {dest}")
     loaded = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32)
     # transformers marks a model read from GGUF as quantized and will not save it: an ordinary
@@ -91,8 +92,11 @@ def ensure_smollm2(dest: Path | None = None, log=print) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dest", type=Path, default=None, help=f"model folder (default: {default_dest()})")
+    parser.add_argument(
+        "--gguf", type=Path, default=None, help=f"{GGUF_NAME} itself (default: the installed package's)"
+    )
     args = parser.parse_args(argv)
-    path = ensure_smollm2(args.dest)
+    path = ensure_smollm2(args.dest, gguf=args.gguf)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

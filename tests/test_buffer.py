@@ -261,6 +261,8 @@ def test_buffer_too_small_message() -> None:
         ({"recent_prob": 1.5}, "recent_prob"),
         ({"recent_prob": -0.1}, "recent_prob"),
         ({"reward_inv_temp": float("nan")}, "reward_inv_temp"),
+        ({"flat_weight": 1.5}, "flat_weight"),
+        ({"flat_weight": float("nan")}, "flat_weight"),
     ],
 )
 def test_constructor_validation(kwargs: dict, text: str) -> None:
@@ -318,3 +320,64 @@ def test_state_dict_round_trip_resumes_identically() -> None:
         return out + [b.stats()]
 
     assert run(buffer) == run(restored)
+
+
+def _contrast_window(buffer: ReplayBuffer, spread: int, flat: int) -> None:
+    """``spread`` prompts whose group has rewards 0 and 1, ``flat`` prompts with all zero."""
+    for p in range(spread):
+        buffer.add(make_group(f"s{p}", [[p, j] for j in range(4)], rewards=[0.0, 1.0, 0.0, 0.0]), step=0)
+    for p in range(flat):
+        buffer.add(make_group(f"f{p}", [[p, j] for j in range(4)], rewards=[0.5] * 4), step=0)
+
+
+def _flat_share(batch) -> float:
+    groups = [batch.rollouts[i : i + batch.group_size] for i in range(0, len(batch.rollouts), batch.group_size)]
+    return sum(len({r.reward for r in g}) == 1 for g in groups) / len(groups)
+
+
+def test_flat_weight_zero_takes_groups_with_contrast_first() -> None:
+    for seed in range(20):
+        buffer = ReplayBuffer(recent_prob=1.0, flat_weight=0.0, seed=seed)
+        _contrast_window(buffer, spread=2, flat=5)
+        batch = buffer.sample(2, 4)
+        assert sorted({r.prompt_id for r in batch.rollouts}) == ["s0", "s1"]
+        assert _flat_share(batch) == 0.0
+        # more than the prompts with contrast: the rest are flat ones, none twice
+        batch = buffer.sample(4, 4)
+        ids = [r.prompt_id for r in batch.rollouts[::4]]
+        assert sorted(ids[:2]) == ["s0", "s1"] and all(i.startswith("f") for i in ids[2:]) and len(set(ids)) == 4
+        assert _flat_share(batch) == 0.5
+
+
+def test_flat_weight_sets_the_odds_of_a_flat_group() -> None:
+    # one prompt with contrast, one flat, one group a batch: P(flat) = w / (1 + w)
+    for weight in (0.25, 1.0):
+        buffer = ReplayBuffer(recent_prob=1.0, flat_weight=weight, seed=5)
+        _contrast_window(buffer, spread=1, flat=1)
+        n = 4000
+        flat = sum(_flat_share(buffer.sample(1, 4)) for _ in range(n))
+        p = weight / (1 + weight)
+        assert abs(flat / n - p) < 5 * (p * (1 - p) / n) ** 0.5  # five binomial standard deviations
+
+
+def test_flat_weight_reads_the_newest_group_and_leaves_the_replay_path_alone() -> None:
+    buffer = ReplayBuffer(recent_prob=1.0, flat_weight=0.0, seed=1)
+    _contrast_window(buffer, spread=0, flat=2)
+    # f0's newest four rewards now differ (older rollouts were flat): it has contrast
+    buffer.add(make_group("f0", [[7, j] for j in range(4)], rewards=[0.0, 0.0, 1.0, 0.0]), step=1)
+    for _ in range(20):
+        assert buffer.sample(1, 4).rollouts[0].prompt_id == "f0"
+    # the replay path (recent_prob 0) still draws every eligible prompt
+    buffer.recent_prob = 0.0
+    assert {buffer.sample(1, 4).rollouts[0].prompt_id for _ in range(60)} == {"f0", "f1"}
+
+
+def test_flat_weight_survives_a_checkpoint() -> None:
+    buffer = ReplayBuffer(recent_prob=1.0, flat_weight=0.3, seed=2)
+    _contrast_window(buffer, spread=3, flat=3)
+    restored = ReplayBuffer()
+    restored.load_state_dict(buffer.state_dict())
+    assert restored.flat_weight == 0.3
+    assert [buffer.sample(2, 4).rollouts[0].prompt_id for _ in range(10)] == [
+        restored.sample(2, 4).rollouts[0].prompt_id for _ in range(10)
+    ]

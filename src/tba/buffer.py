@@ -14,6 +14,13 @@ with probability proportional to ``softmax(reward * reward_inv_temp)`` (0 is uni
 with fewer rollouts fills its group with repeats (newest first on the recent path), counted in
 ``batch.stats["buffer/repeat_fraction"]``.
 
+``flat_weight`` w (1 by default: uniform) weighs the recent path's choice by what a group can teach:
+a recent prompt whose ``group_size`` newest rewards are all equal (a *flat* group: no reward
+contrast within it) is chosen with weight w against 1 for a prompt with spread. With w = 0 flat
+prompts are taken only when no recent prompt with spread is left. It matters only when more recent
+prompts are eligible than a batch takes (searchers that outpace the trainer); the trainer logs the
+share of flat groups it trained on (``train/flat_groups``). Cost: O(window * group_size) per batch.
+
 The recent window holds the prompts that received data since the last :meth:`mark_sync` (called
 when the trainer publishes weights). Departures from the reference code: while nothing has arrived
 since the last publication the previous non-empty window stands in, so a trainer sampling right
@@ -108,6 +115,7 @@ class ReplayBuffer:
         reward_inv_temp: float = 0.0,
         min_completions: int = 2,
         seed: int = 0,
+        flat_weight: float = 1.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 rollout, got {capacity}")
@@ -123,11 +131,14 @@ class ReplayBuffer:
             raise ValueError(f"recent_prob is a probability in [0, 1], got {recent_prob}")
         if not math.isfinite(reward_inv_temp):
             raise ValueError(f"reward_inv_temp must be finite, got {reward_inv_temp}")
+        if not 0.0 <= flat_weight <= 1.0:  # also rejects NaN
+            raise ValueError(f"flat_weight is a relative weight in [0, 1], got {flat_weight}")
         self.capacity = capacity
         self.per_prompt_capacity = per_prompt_capacity
         self.recent_prob = recent_prob
         self.reward_inv_temp = reward_inv_temp
         self.min_completions = min_completions
+        self.flat_weight = flat_weight
         self._rng = random.Random(seed)  # scalar draws: fast for one number at a time
         self._np_rng = np.random.default_rng(seed)  # Gumbel noise for weighted draws
         self._prompts: dict[str, _Prompt] = {}
@@ -242,15 +253,25 @@ class ReplayBuffer:
                 "(raise buffer.min_groups) or lower trainer.batch_prompts."
             )
         recent = self._current if self._current.members else self._previous
+        # the recent window split by reward contrast, only when flat groups weigh less
+        split = self._split_flat(recent, group_size) if self.flat_weight < 1.0 else None
         chosen: list[str] = []
         rollouts: list[Rollout] = []
         num_recent = num_repeats = 0
         try:
             for _ in range(num_groups):
                 use_recent = self._rng.random() < self.recent_prob and len(recent.eligible) > 0
-                pool = recent.eligible if use_recent else self._eligible
+                if use_recent and split is not None:
+                    spread, flat = split
+                    mass = len(spread) + self.flat_weight * len(flat)
+                    pool = spread if mass > 0 and self._rng.random() * mass < len(spread) else flat
+                else:
+                    pool = recent.eligible if use_recent else self._eligible
                 prompt_id = pool.choice(self._rng)
                 self._hide(prompt_id)  # distinct prompts: out of every pool until the end
+                if split is not None:
+                    split[0].discard(prompt_id)
+                    split[1].discard(prompt_id)
                 chosen.append(prompt_id)
                 draw = self._draw_newest if use_recent else self._draw_weighted
                 group, repeats = draw(self._prompts[prompt_id], group_size)
@@ -269,6 +290,14 @@ class ReplayBuffer:
                 "buffer/repeat_fraction": num_repeats / (num_groups * group_size),
             },
         )
+
+    def _split_flat(self, window: _Window, group_size: int) -> tuple[_IndexedSet, _IndexedSet]:
+        """The window's eligible prompts as (with reward spread, flat) by their newest group."""
+        spread, flat = [], []
+        for prompt_id in window.eligible.items:
+            newest = islice(reversed(self._prompts[prompt_id].rollouts.values()), group_size)
+            (flat if _is_flat(newest) else spread).append(prompt_id)
+        return _IndexedSet(spread), _IndexedSet(flat)
 
     def _hide(self, prompt_id: str) -> None:
         for pool in (self._eligible, self._current.eligible, self._previous.eligible):
@@ -333,6 +362,7 @@ class ReplayBuffer:
                 "recent_prob": self.recent_prob,
                 "reward_inv_temp": self.reward_inv_temp,
                 "min_completions": self.min_completions,
+                "flat_weight": self.flat_weight,
             },
             "prompt_ids": list(self._prompts),
             "prompt_tokens": _ragged([p.prompt_ids for p in prompts], np.int64),
@@ -406,6 +436,12 @@ class ReplayBuffer:
         self._size, self._evicted, self._duplicates = state["counters"]
         self._rng.setstate(_rng_from_state(state["rng"]))
         self._np_rng.bit_generator.state = state["np_rng"]
+
+
+def _is_flat(rollouts) -> bool:
+    """Whether the rollouts' rewards are all equal (no contrast for a group to learn from)."""
+    rewards = [r.reward for r in rollouts]
+    return max(rewards) - min(rewards) <= 1e-9 * max(1.0, abs(rewards[0]))
 
 
 def fresh_batch(groups: list[RolloutGroup], group_size: int, step: int, rng: random.Random) -> Batch:

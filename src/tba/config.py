@@ -508,6 +508,12 @@ class BufferConfig(_Section):
     """Otherwise completions are drawn by softmax(reward * inv_temp); 0 is uniform."""
     min_completions: int = Field(2, ge=1)
     """Distinct completions a prompt needs before it can be drawn."""
+    flat_weight: float = Field(0.0, ge=0, le=1)
+    """Weight of a recent prompt whose newest group has no reward contrast (all rewards equal)
+    against 1 for one with contrast; 0: flat groups only when no other recent prompt is left, 1:
+    uniform. Acts when searchers deliver more recent prompts than a batch takes (the ray runtime),
+    where it lets asynchronous TB learn as much per step as sync on sparse rewards (benchmarks/README.md,
+    "A real pretrained model"); costs the pull toward the reference that flat groups carry."""
     min_groups: int | None = None
     """Groups to collect before the first step; default: one batch (trainer.batch_prompts)."""
     fresh_only: bool = False
