@@ -341,6 +341,7 @@ def test_flat_weight_zero_takes_groups_with_contrast_first() -> None:
         _contrast_window(buffer, spread=2, flat=5)
         batch = buffer.sample(2, 4)
         assert sorted({r.prompt_id for r in batch.rollouts}) == ["s0", "s1"]
+        assert batch.stats["buffer/recent_flat"] == pytest.approx(5 / 7)  # what the window held
         assert _flat_share(batch) == 0.0
         # more than the prompts with contrast: the rest are flat ones, none twice
         batch = buffer.sample(4, 4)

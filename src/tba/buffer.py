@@ -18,8 +18,9 @@ with fewer rollouts fills its group with repeats (newest first on the recent pat
 a recent prompt whose ``group_size`` newest rewards are all equal (a *flat* group: no reward
 contrast within it) is chosen with weight w against 1 for a prompt with spread. With w = 0 flat
 prompts are taken only when no recent prompt with spread is left. It matters only when more recent
-prompts are eligible than a batch takes (searchers that outpace the trainer); the trainer logs the
-share of flat groups it trained on (``train/flat_groups``). Cost: O(window * group_size) per batch.
+prompts are eligible than a batch takes (searchers that outpace the trainer); the share of flat
+prompts in the window is ``batch.stats["buffer/recent_flat"]``, the trainer logs the share it
+trained on (``train/flat_groups``). Cost: O(window * group_size) per batch.
 
 The recent window holds the prompts that received data since the last :meth:`mark_sync` (called
 when the trainer publishes weights). Departures from the reference code: while nothing has arrived
@@ -255,6 +256,7 @@ class ReplayBuffer:
         recent = self._current if self._current.members else self._previous
         # the recent window split by reward contrast, only when flat groups weigh less
         split = self._split_flat(recent, group_size) if self.flat_weight < 1.0 else None
+        window_flat, window_size = (len(split[1]), len(split[0]) + len(split[1])) if split else (0, 0)
         chosen: list[str] = []
         rollouts: list[Rollout] = []
         num_recent = num_repeats = 0
@@ -281,14 +283,17 @@ class ReplayBuffer:
         finally:
             for prompt_id in chosen:
                 self._refresh(prompt_id)
+        stats = {
+            "buffer/recent_fraction": num_recent / num_groups,
+            "buffer/repeat_fraction": num_repeats / (num_groups * group_size),
+        }
+        if split is not None and window_size:
+            stats["buffer/recent_flat"] = window_flat / window_size
         return Batch(
             prompt_ids=[list(self._prompts[p].prompt_ids) for p in chosen],
             rollouts=rollouts,
             group_size=group_size,
-            stats={
-                "buffer/recent_fraction": num_recent / num_groups,
-                "buffer/repeat_fraction": num_repeats / (num_groups * group_size),
-            },
+            stats=stats,
         )
 
     def _split_flat(self, window: _Window, group_size: int) -> tuple[_IndexedSet, _IndexedSet]:
