@@ -132,6 +132,17 @@ def test_typed_values_from_overrides() -> None:
     assert cfg.model.dtype == "float32"
 
 
+def test_flat_weight_auto_is_zero_in_ray_and_one_in_sync() -> None:
+    cfg = load_config(None)
+    assert cfg.buffer.flat_weight == "auto"
+    assert cfg.buffer.resolved_flat_weight("ray") == 0.0 and cfg.buffer.resolved_flat_weight("sync") == 1.0
+    explicit = load_config(None, ["--buffer.flat_weight=0.25"]).buffer
+    assert explicit.resolved_flat_weight("ray") == explicit.resolved_flat_weight("sync") == 0.25
+    for bad in ("1.5", "-0.1", "nan"):
+        with pytest.raises(ConfigError, match=r"flat_weight is a relative weight in \[0, 1\] or 'auto'"):
+            load_config(None, [f"--buffer.flat_weight={bad}"])
+
+
 def test_grad_clip_auto_is_none_for_tb_and_one_for_the_others() -> None:
     cfg = load_config(None)
     assert cfg.trainer.grad_clip == "auto" and cfg.objective.type == "tb"

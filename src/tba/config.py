@@ -508,12 +508,13 @@ class BufferConfig(_Section):
     """Otherwise completions are drawn by softmax(reward * inv_temp); 0 is uniform."""
     min_completions: int = Field(2, ge=1)
     """Distinct completions a prompt needs before it can be drawn."""
-    flat_weight: float = Field(0.0, ge=0, le=1)
+    flat_weight: float | Literal["auto"] = "auto"
     """Weight of a recent prompt whose newest group has no reward contrast (all rewards equal)
     against 1 for one with contrast; 0: flat groups only when no other recent prompt is left, 1:
-    uniform. Acts when searchers deliver more recent prompts than a batch takes (the ray runtime),
-    where it lets asynchronous TB learn as much per step as sync on sparse rewards (benchmarks/README.md,
-    "A real pretrained model"); costs the pull toward the reference that flat groups carry."""
+    uniform. ``auto``: 0 in the ray runtime, where searchers deliver more recent prompts than a batch
+    takes and this lets asynchronous TB learn as much per step as sync on sparse rewards
+    (benchmarks/README.md, "A real pretrained model"); 1 in sync, whose recent window is the step's
+    own batch. Costs the pull toward the reference that flat groups carry."""
     min_groups: int | None = None
     """Groups to collect before the first step; default: one batch (trainer.batch_prompts)."""
     fresh_only: bool = False
@@ -523,6 +524,19 @@ class BufferConfig(_Section):
     ``trainer.sync_interval=1`` and ``runtime.extra_lag=0`` every rollout is 0 steps old. A step
     whose groups were all dropped (empty completions, failed rewards) is skipped and counted
     (``train/empty_steps``)."""
+
+    def resolved_flat_weight(self, runtime: str) -> float:
+        """``flat_weight`` with ``auto`` resolved for ``runtime`` (``runtime.type``)."""
+        if self.flat_weight == "auto":
+            return 0.0 if runtime == "ray" else 1.0
+        return self.flat_weight
+
+    @field_validator("flat_weight")
+    @classmethod
+    def _flat_weight_in_range(cls, value):
+        if value != "auto" and not 0.0 <= value <= 1.0:  # NaN fails too
+            raise ValueError(f"flat_weight is a relative weight in [0, 1] or 'auto', got {value}")
+        return value
 
 
 class TrainerConfig(_Section):

@@ -82,7 +82,7 @@ def make_buffer(cfg: Config) -> ReplayBuffer:
         reward_inv_temp=b.reward_inv_temp,
         min_completions=b.min_completions,
         seed=cfg.run.seed,
-        flat_weight=b.flat_weight,
+        flat_weight=b.resolved_flat_weight(cfg.runtime.type),
     )
 
 
