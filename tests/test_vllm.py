@@ -62,6 +62,18 @@ def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(tmp_path):
 
 
 @needs_vllm
+def test_vllm_stream_groups_leave_as_they_finish_and_weights_load_in_flight_or_drained(head32_checkpoint):
+    r = run_checks("--stream", str(head32_checkpoint))
+    assert r["order"] == ["b", "c", "a"] and r["lengths"] == {"a": [20, 20], "b": [4, 4], "c": [12, 12]}
+    assert r["versions"] == {"a": [1, 1], "b": [1, 1], "c": [1, 1]} and r["engine_idle"]
+    # the completion in flight at the load: tokens of both versions, the old ones kept
+    assert r["in_flight_versions"] == {"d": [1, 2], "e": [2, 2]}
+    assert r["in_flight_old_prefix"] and r["in_flight_new_tail"] and r["after_load_is_new"]
+    assert r["drained"] == [["f", 2, 2, 8]]
+    assert r["aborted"] == ["g", "h"] and r["idle_after_abort"]
+
+
+@needs_vllm
 def test_vllm_greedy_equals_hf_greedy_on_the_same_weights(measured):
     assert measured["greedy_equal"] and measured["greedy_finished_equal"]
     assert measured["greedy_copies"] == [2] * 5  # n greedy copies, as HF gives

@@ -152,8 +152,82 @@ def lora(path: str) -> dict:
     }
 
 
+def stream(path: str) -> dict:
+    """Continuous generation on the engine (``tba.generation.stream.VLLMStream``): groups leave in the
+    order they finish, weights load with requests in flight or after draining them, and each group
+    knows which weight versions produced its tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tba.generation.base import SamplingParams
+    from tba.generation.hf import HFGenerator
+    from tba.generation.stream import VLLMStream
+    from tba.generation.vllm_backend import VLLMGenerator
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = {tokenizer.eos_token_id}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25)
+    engine.load_weights(model.state_dict(), version=1)
+    prompts = [tokenizer(text)["input_ids"] for text in ("12+7=", "3-8=", "45+45=", "9+0=", "60-13=")]
+    out: dict = {}
+
+    # lengths set in advance: the short ones leave first, whatever the order they came in
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=24)
+    s = VLLMStream(engine, sampled)
+    for key, length in (("a", 20), ("b", 4), ("c", 12)):
+        s.submit(key, prompts[0], length=length)
+    order, lengths, versions = [], {}, {}
+    while s.in_flight():
+        for f in s.advance():
+            order.append(f.key)
+            lengths[f.key] = [len(c.token_ids) for c in f.completions]
+            versions[f.key] = (f.oldest_version, f.newest_version)
+    out["order"], out["lengths"], out["versions"] = order, lengths, versions
+    out["engine_idle"] = not engine.llm.llm_engine.has_unfinished_requests()
+
+    # in flight: the new weights take over mid-completion, the old tokens stay
+    other = type(model)(model.config).eval()
+    other.load_state_dict(model.state_dict())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p), alpha=0.5)
+    near_greedy = SamplingParams(n=1, temperature=1e-4, max_new_tokens=16)
+    s = VLLMStream(engine, near_greedy)
+    s.submit("d", prompts[1], length=16)
+    for _ in range(5):
+        assert s.advance() == []
+    s.load_weights(other.state_dict(), version=2, mode="in_flight")
+    s.submit("e", prompts[1], length=16)
+    done = {}
+    while s.in_flight():
+        done.update({f.key: f for f in s.advance()})
+    greedy = SamplingParams(n=1, max_new_tokens=16, min_new_tokens=16, greedy=True)
+    old = HFGenerator(model, tokenizer.pad_token_id, eos).generate([prompts[1]], greedy)[0][0].token_ids
+    new = HFGenerator(other, tokenizer.pad_token_id, eos).generate([prompts[1]], greedy)[0][0].token_ids
+    d, e = done["d"].completions[0].token_ids, done["e"].completions[0].token_ids
+    out["in_flight_versions"] = {k: (f.oldest_version, f.newest_version) for k, f in done.items()}
+    out["in_flight_old_prefix"] = d[:5] == old[:5]  # the tokens before the load: the old weights'
+    out["in_flight_new_tail"] = d[5:] != old[5:]  # after it, not the old weights' continuation
+    out["after_load_is_new"] = e == new  # submitted after the load: the new weights throughout
+
+    # drain: the prompt in flight finishes with the old weights first
+    s.submit("f", prompts[2], length=8)
+    s.advance()
+    drained = s.load_weights(model.state_dict(), version=3, mode="drain")
+    out["drained"] = [(f.key, f.oldest_version, f.newest_version, len(f.completions[0].token_ids)) for f in drained]
+    s.submit("g", prompts[2], length=8)
+    s.submit("h", prompts[3], length=8)
+    s.advance()
+    out["aborted"] = sorted(s.abort())
+    out["idle_after_abort"] = s.in_flight() == 0 and not engine.llm.llm_engine.has_unfinished_requests()
+    return out
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--chat":
+    if sys.argv[1] == "--stream":
+        print(json.dumps(stream(sys.argv[2])))
+    elif sys.argv[1] == "--chat":
         print(json.dumps(chat(sys.argv[2])))
     elif sys.argv[1] == "--lora":
         print(json.dumps(lora(sys.argv[2])))

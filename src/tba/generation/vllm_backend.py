@@ -175,11 +175,12 @@ class VLLMGenerator:
             self.cycle.sleep()  # until its first weights or generation: the trainer may need the memory first
         self.version = -1
 
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        n = 1 if params.greedy else params.n
-        sampling = self.vllm.SamplingParams(
-            n=n,
+    def sampling_params(self, params: SamplingParams, final_only: bool = False):
+        """vLLM's sampling parameters for ``params``; ``final_only``: a request's output comes once,
+        when all of its samples are done (what ``LLM.generate`` sets itself)."""
+        extra = {"output_kind": self.vllm.sampling_params.RequestOutputKind.FINAL_ONLY} if final_only else {}
+        return self.vllm.SamplingParams(
+            n=1 if params.greedy else params.n,
             temperature=0.0 if params.greedy else params.temperature,
             top_p=1.0 if params.greedy else params.top_p,
             max_tokens=params.max_new_tokens,
@@ -187,7 +188,12 @@ class VLLMGenerator:
             stop_token_ids=sorted(self.eos_ids),
             logprobs=0 if params.logprobs else None,  # 0: the sampled token's own log-prob only
             detokenize=False,
+            **extra,
         )
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        sampling = self.sampling_params(params)
         requests = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         if self.cycle is None:
             outputs = self.llm.generate(requests, sampling, use_tqdm=False)
