@@ -80,3 +80,69 @@ def test_hf_stream_refuses_an_empty_refill(tiny_model, tokenizer):
     gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
     with pytest.raises(ValueError, match="refill"):
         HFStream(gen, SamplingParams(), refill=0)
+
+
+# ---------------------------------------------------------------- the streaming searcher
+
+
+def _streaming_searcher(tiny_model, tokenizer, weights, in_flight=6, refill=2, min_out=2):
+    from tba.searcher import StreamingSearcher
+    from tba.tasks.arithmetic import ArithmeticTask
+
+    eos = {tokenizer.eos_token_id}
+    sampler = type(tiny_model)(tiny_model.config).eval()
+    gen = HFGenerator(sampler, tokenizer.pad_token_id, eos)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    return StreamingSearcher(
+        ArithmeticTask(digits=1, operators="+-", eval_size=10),
+        tokenizer,
+        gen,
+        tiny_model,  # the reference
+        weights,
+        params,
+        in_flight,
+        eos,
+        seed=0,
+        stream=HFStream(gen, params, refill=refill),
+        max_in_flight=in_flight,
+        weight_update="in_flight",
+        min_groups_out=min_out,
+    )
+
+
+def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(tiny_model, tokenizer):
+    from tba.weights import LocalWeightStore
+
+    torch.manual_seed(0)
+    weights = LocalWeightStore()
+    searcher = _streaming_searcher(tiny_model, tokenizer, weights)
+    with pytest.raises(RuntimeError, match="publish"):
+        searcher.step()
+    weights.publish(tiny_model.state_dict(), 0)
+    seen = []
+    for i in range(6):
+        if i == 3:
+            weights.publish(tiny_model.state_dict(), 2)  # picked up between two refills
+        groups = searcher.step()
+        m = searcher.metrics()
+        # every prompt taken: sent, dropped (fewer than two usable completions) or still in flight
+        assert (
+            m["searcher/prompts_taken"]
+            == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+        )
+        assert m["searcher/in_flight"] <= 6 and m["searcher/prompts_taken"] >= 6
+        assert all(2 <= len(g.completions) <= 4 and g.newest_version is None for g in groups)
+        seen.append(sorted({g.policy_version for g in groups}))
+    assert seen[0] == [0] and seen[-1] == [2]
+    assert searcher.metrics()["searcher/versions_per_group"] == 1.0  # HF loads between refills only
+
+
+def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_path):
+    from tba.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="generation.stream is for the ray runtime"):
+        load_config(None, ["--runtime.type=sync", "--generation.stream=true"])
+    with pytest.raises(ConfigError, match="no generation.explore_prob"):
+        load_config(None, ["--generation.stream=true", "--generation.explore_prob=0.3"])
+    cfg = load_config(None, ["--generation.stream=true", "--generation.weight_update=drain"])
+    assert (cfg.generation.max_in_flight, cfg.generation.weight_update) == (None, "drain")

@@ -181,14 +181,17 @@ def train(tmp_path, demo_cache, *args: str) -> tuple[subprocess.CompletedProcess
 
 
 @needs_vllm
-@pytest.mark.parametrize(("runtime", "lora"), [("sync", False), ("ray", False), ("ray", True)])
-def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime, lora):
+@pytest.mark.parametrize(
+    ("runtime", "lora", "stream"), [("sync", False, False), ("ray", False, False), ("ray", True, True)]
+)
+def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime, lora, stream):
     from tests.conftest import stored_rollouts
 
     from tba.metrics import read_metrics
 
     extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3"] if lora else []
     extra += ["--runtime.max_lag=2"] if runtime == "ray" else []  # searchers must take new weights to keep up
+    extra += ["--generation.stream=true"] if stream else []  # continuous generation, weights loaded in flight
     proc, run_dir = train(
         tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
     )
@@ -199,6 +202,12 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     assert all(r["searcher/completions"] > 0 for r in records[-3:])
     # the engine sampled with weights the trainer published after it started
     assert max(r.policy_version for r in stored_rollouts(run_dir, 12)) > 0
+    if stream:  # every prompt the streaming searcher took: sent, dropped or still in flight
+        last = records[-1]
+        assert last["searcher/prompts_taken"] == (
+            last["searcher/groups_sent"] + last["searcher/dropped_groups"] + last["searcher/in_flight"]
+        )
+        assert last["searcher/groups_sent"] > 0 and last["searcher/versions_per_group"] >= 1
     if runtime == "sync":  # tba eval of the run, through a vLLM engine on its checkpoint
         env = {**os.environ, "TBA_CACHE": str(demo_cache), "TERM": "dumb"}
         proc = subprocess.run(

@@ -393,6 +393,20 @@ class GenerationConfig(_Section):
     """Range of exploring top-p values."""
     unfinished_reward: float | None = None
     """Reward for completions without EOS (e.g. -1 as for TL;DR); default: the task's reward."""
+    stream: bool = False
+    """Continuous generation in the ray runtime's searchers: the engine keeps ``max_in_flight``
+    prompts going, each prompt's group leaves as soon as its last completion finishes and a new
+    prompt takes its place (``tba.searcher.StreamingSearcher``); off: whole batches of
+    ``prompts_per_batch``. Not with ``explore_prob`` (which draws settings per batch)."""
+    max_in_flight: int | None = Field(None, ge=1)
+    """Prompts a streaming searcher keeps in its engine; default: ``prompts_per_batch``."""
+    weight_update: Literal["drain", "in_flight"] = "in_flight"
+    """How a streaming searcher loads new weights: ``in_flight`` between two engine steps, the
+    prompts in flight going on with them (a group then holds tokens of more than one version; its
+    lag counts from the oldest); ``drain``: after finishing the prompts in flight."""
+    refill: int | None = Field(None, ge=1)
+    """``backend: hf`` with ``stream``: prompts per ``generate`` call (HF has no request-level
+    engine); default: a quarter of ``max_in_flight``."""
 
     @model_validator(mode="after")
     def _check_samples(self) -> GenerationConfig:
@@ -783,6 +797,16 @@ class Config(_Section):
                         f"{key} controls staleness in the sync runtime, where generation and training "
                         "alternate; set runtime.type=sync"
                     )
+        if self.generation.stream and self.runtime.type == "sync":
+            raise ValueError(
+                "generation.stream is for the ray runtime's searchers; the sync runtime generates each "
+                "step's batch whole: set runtime.type=ray or generation.stream=false"
+            )
+        if self.generation.stream and self.generation.explore_prob > 0:
+            raise ValueError(
+                "generation.stream takes no generation.explore_prob: exploration draws its settings per "
+                "batch, and a stream has no batches; set one of them off"
+            )
         if b.fresh_only and self.generation.prompts_per_batch != batch:
             raise ValueError(
                 f"buffer.fresh_only=true trains each step on the groups just generated, so "

@@ -87,13 +87,16 @@ class Searcher:
         if newest is None:
             return False
         version, state = newest
-        self.generator.load_weights(state, version)
+        self._load(state, version)
         self.version = version
         if self.ref_reset_every and version // self.ref_reset_every > self.ref_epoch:
             self.reference.load_state_dict(state)  # data already in the buffer keeps its old ref_logps
             self.ref_epoch = version // self.ref_reset_every
         self.stats.weight_updates += 1
         return True
+
+    def _load(self, state, version: int) -> None:
+        self.generator.load_weights(state, version)
 
     def reload_weights(self) -> None:
         """Load the newest published weights again, whatever the generator holds now: after the
@@ -148,7 +151,9 @@ class Searcher:
         return kept
 
     @torch.no_grad()
-    def _with_ref_logps(self, prompts, prompt_ids, kept) -> list[RolloutGroup]:
+    def _with_ref_logps(self, prompts, prompt_ids, kept, versions=None) -> list[RolloutGroup]:
+        """Groups of the kept completions (two or more per prompt) with their reference log-probs;
+        ``versions``: each prompt's (oldest, newest) policy version, default this searcher's."""
         flat_prompts, flat_completions = [], []
         for ids, items in zip(prompt_ids, kept, strict=True):
             if len(items) < 2:
@@ -167,7 +172,8 @@ class Searcher:
                 max_tokens=self.ref_max_tokens,
             ).tolist()
         groups, i = [], 0
-        for prompt, ids, items in zip(prompts, prompt_ids, kept, strict=True):
+        versions = versions or [(self.version, self.version)] * len(prompts)
+        for prompt, ids, items, (oldest, newest) in zip(prompts, prompt_ids, kept, versions, strict=True):
             if len(items) < 2:
                 self.stats.dropped_groups += 1
                 continue
@@ -179,11 +185,12 @@ class Searcher:
                     completions=[item[0] for item in items],
                     rewards=[item[1] for item in items],
                     ref_logps=ref[i : i + n],
-                    policy_version=self.version,
+                    policy_version=oldest,
                     searcher_id=self.searcher_id,
                     finished=[item[2] for item in items],
                     sampler_logps=[sum(item[3]) for item in items] if self.params.logprobs else None,
                     sampler_token_logps=[item[3] for item in items] if self.params.logprobs else None,
+                    newest_version=newest if newest != oldest else None,
                 )
             )
             i += n
@@ -254,3 +261,66 @@ class Searcher:
             f"searcher {self.searcher_id}, policy version {self.version}: {e}"
             for e in self.reward_stats.take_new_errors()
         ]
+
+
+class StreamingSearcher(Searcher):
+    """A searcher that never waits for its slowest completion (``generation.stream``).
+
+    The engine holds up to ``max_in_flight`` prompts (:mod:`tba.generation.stream`): each
+    :meth:`step` tops it up with new prompts, runs it until at least ``min_groups_out`` groups have
+    finished, and returns those groups scored and with their reference log-probs, while the rest
+    stay in flight. New weights load between two engine steps (``weight_update``): ``in_flight``
+    lets the prompts in flight go on with them, so a group can hold tokens of two or more versions
+    (``policy_version`` is the oldest, ``newest_version`` the newest); ``drain`` finishes them with
+    the old weights first. Every prompt taken is sent as a group, dropped and counted
+    (``searcher/dropped_groups``), or still in flight (``searcher/in_flight``)."""
+
+    def __init__(self, *args, stream, max_in_flight: int, weight_update: str, min_groups_out: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        if max_in_flight < 1 or min_groups_out < 1:
+            raise ValueError(f"max_in_flight and min_groups_out must be >= 1, got {max_in_flight}, {min_groups_out}")
+        self.stream = stream
+        self.max_in_flight = max_in_flight
+        self.min_groups_out = min(min_groups_out, max_in_flight)
+        self.weight_update = weight_update
+        self._ready: list = []  # groups that left the engine while weights loaded (drain)
+        self.prompts_taken = self.groups_sent = 0
+        self.last_versions_per_group = float("nan")
+
+    def _load(self, state, version: int) -> None:
+        self._ready += self.stream.load_weights(state, version, self.weight_update)
+
+    def in_flight(self) -> int:
+        return self.stream.in_flight() + len(self._ready)
+
+    def step(self) -> list[RolloutGroup]:
+        self.pull_weights()
+        if self.version < 0:
+            raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
+        while self.stream.in_flight() < self.max_in_flight:
+            (prompt,) = self.task.sample_prompts(1, self.rng)
+            ids = encode_prompts(self.tokenizer, [prompt], self.chat_template)[0]
+            self.stream.submit((prompt, ids), ids)
+            self.prompts_taken += 1
+        finished, self._ready = self._ready, []
+        while len(finished) < self.min_groups_out and self.stream.in_flight():
+            finished += self.stream.advance()
+        prompts = [f.key[0] for f in finished]
+        kept = self._score(prompts, [f.completions for f in finished])
+        rewards = [item[1] for items in kept for item in items]
+        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        versions = [(f.oldest_version, f.newest_version) for f in finished]
+        if versions:
+            self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)
+        groups = self._with_ref_logps(prompts, [f.key[1] for f in finished], kept, versions)
+        self.groups_sent += len(groups)
+        return groups
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            **super().metrics(),
+            "searcher/prompts_taken": float(self.prompts_taken),
+            "searcher/groups_sent": float(self.groups_sent),
+            "searcher/in_flight": float(self.in_flight()),
+            "searcher/versions_per_group": self.last_versions_per_group,
+        }

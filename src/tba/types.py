@@ -26,6 +26,9 @@ class RolloutGroup:
     sampler_logps: list[float] | None = None  # sequence log-probs under the sampling policy
     finished: list[bool] | None = None  # completion ended with EOS (not cut at max_new_tokens)
     sampler_token_logps: list[list[float]] | None = None  # per completion token, when recorded
+    # the newest weights that produced a token of the group, when newer than policy_version (the
+    # oldest): a streaming searcher that loads weights with requests in flight
+    newest_version: int | None = None
 
     def __post_init__(self) -> None:
         k = len(self.completions)

@@ -49,10 +49,13 @@ class Finished:
 class VLLMStream:
     """Continuous generation on a :class:`~tba.generation.vllm_backend.VLLMGenerator`'s engine."""
 
-    def __init__(self, generator, params: SamplingParams):
+    def __init__(self, generator, params: SamplingParams, loader=None):
+        """``loader``: what loads published weights into the engine, if not ``generator`` itself (a
+        LoRA policy's :class:`~tba.generation.vllm_backend.MergedLoraGenerator`)."""
         if params.greedy:
             raise ValueError("a stream samples: greedy generation goes through Generator.generate")
         self.generator = generator
+        self.loader = loader if loader is not None else generator
         self.engine = generator.llm.llm_engine
         self.params = params
         self.sampling = generator.sampling_params(params, final_only=True)
@@ -105,7 +108,7 @@ class VLLMStream:
         if mode == "drain":
             while self._requests:
                 done += self.advance()
-        self.generator.load_weights(state_dict, version)
+        self.loader.load_weights(state_dict, version)
         self.engine.set_weight_version(str(version))
         return done
 

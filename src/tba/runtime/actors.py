@@ -38,6 +38,8 @@ _CUMULATIVE = (
     "searcher/empty_completions",
     "searcher/unfinished",
     "searcher/dropped_groups",
+    "searcher/prompts_taken",
+    "searcher/groups_sent",
     "searcher/reward_errors",
     "searcher/reward_non_finite",
     "searcher/no_reward",

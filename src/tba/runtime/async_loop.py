@@ -163,6 +163,16 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/unfinished": float(sum(s.get("searcher/unfinished", 0.0) for s in stats.values())),
         "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
     }
+    for key in ("searcher/prompts_taken", "searcher/groups_sent", "searcher/in_flight"):  # streaming searchers
+        if any(key in s for s in stats.values()):
+            out[key] = float(sum(s.get(key, 0.0) for s in stats.values()))
+    spans = [
+        s["searcher/versions_per_group"]
+        for s in stats.values()
+        if math.isfinite(s.get("searcher/versions_per_group", math.nan))
+    ]
+    if spans:
+        out["searcher/versions_per_group"] = sum(spans) / len(spans)
     per_fn: dict[str, list[float]] = {}
     for s in stats.values():
         for key, value in s.items():

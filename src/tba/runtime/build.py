@@ -17,6 +17,7 @@ from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
+from tba.generation.stream import HFStream, VLLMStream
 from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator, check_vllm_backend
 from tba.models.loading import (
     check_causal_lm,
@@ -38,7 +39,7 @@ from tba.models.precision import Precision
 from tba.models.tiny import build_char_tokenizer
 from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers
 from tba.runtime.ranks import RankGroup
-from tba.searcher import Searcher
+from tba.searcher import Searcher, StreamingSearcher
 from tba.tasks import Task, build_task
 from tba.trainer import Trainer
 from tba.weights import DelayedWeights, LocalWeightStore, WeightStore, publications_to_keep
@@ -179,20 +180,37 @@ def make_searcher(
         generator = ExploringGenerator(
             generator, g.explore_prob, t_range, g.explore_top_p, seed=cfg.run.seed * 1000 + searcher_id
         )
-    return Searcher(
+    params = SamplingParams(
+        n=g.samples_per_prompt or g.group_size,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=g.max_new_tokens,
+        min_new_tokens=g.min_new_tokens,
+        logprobs=cfg.objective.needs_sampler_logps,
+    )
+    kind, streaming = Searcher, {}
+    if g.stream:
+        in_flight = g.max_in_flight or g.prompts_per_batch
+        if g.backend == "vllm":
+            engine = generator.engine if isinstance(generator, MergedLoraGenerator) else generator
+            stream = VLLMStream(engine, params, loader=generator)
+        else:
+            stream = HFStream(generator, params, refill=g.refill or max(1, in_flight // 4))
+        kind = StreamingSearcher
+        streaming = {
+            "stream": stream,
+            "max_in_flight": in_flight,
+            "weight_update": g.weight_update,
+            # reference passes and sends in a few larger pieces, not one per group
+            "min_groups_out": max(1, in_flight // 4),
+        }
+    return kind(
         task,
         tokenizer,
         generator,
         reference,
         weights,
-        SamplingParams(
-            n=g.samples_per_prompt or g.group_size,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=g.max_new_tokens,
-            min_new_tokens=g.min_new_tokens,
-            logprobs=cfg.objective.needs_sampler_logps,
-        ),
+        params,
         g.prompts_per_batch,
         eos,
         searcher_id=searcher_id,
@@ -206,6 +224,7 @@ def make_searcher(
         if t.micro_batch_prompts
         else None,
         ref_max_tokens=t.micro_batch_tokens,
+        **streaming,
     )
 
 
