@@ -142,6 +142,8 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
 
     with pytest.raises(ConfigError, match="generation.stream is for the ray runtime"):
         load_config(None, ["--runtime.type=sync", "--generation.stream=true"])
+    with pytest.raises(ConfigError, match="keeps its engine awake: set generation.vllm.sleep=false"):
+        load_config(None, ["--generation.stream=true", "--generation.backend=vllm", "--generation.vllm.sleep=true"])
     with pytest.raises(ConfigError, match="no generation.explore_prob"):
         load_config(None, ["--generation.stream=true", "--generation.explore_prob=0.3"])
     cfg = load_config(None, ["--generation.stream=true", "--generation.weight_update=drain"])

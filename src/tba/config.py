@@ -802,6 +802,12 @@ class Config(_Section):
                 "generation.stream is for the ray runtime's searchers; the sync runtime generates each "
                 "step's batch whole: set runtime.type=ray or generation.stream=false"
             )
+        if self.generation.stream and self.generation.backend == "vllm" and self.generation.vllm.sleep:
+            raise ValueError(
+                "generation.stream with generation.vllm.sleep=true: sleep mode frees the engine's KV cache "
+                "between generation calls, which would abort a stream's requests in flight; a streaming "
+                "searcher keeps its engine awake: set generation.vllm.sleep=false"
+            )
         if self.generation.stream and self.generation.explore_prob > 0:
             raise ValueError(
                 "generation.stream takes no generation.explore_prob: exploration draws its settings per "
