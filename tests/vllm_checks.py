@@ -14,6 +14,17 @@ import sys
 import torch
 
 
+def moved(model):
+    """A copy of ``model`` with new weights: every parameter moved (tied ones once)."""
+    other = type(model)(model.config).eval()
+    other.load_state_dict(model.state_dict())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p), alpha=0.5)
+    return other
+
+
 def main(path: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -62,12 +73,7 @@ def main(path: str) -> dict:
     at_least = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, min_new_tokens=4)
     out["min_len"] = min(len(c.token_ids) for g in engine.generate(prompts, at_least) for c in g)
 
-    other = type(model)(model.config).eval()  # new weights: every parameter moved (tied ones once)
-    other.load_state_dict(model.state_dict())
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn_like(p), alpha=0.5)
+    other = moved(model)
     engine.load_weights(other.state_dict(), version=3)
     reloaded = engine.generate(prompts, greedy)
     expected = HFGenerator(other, tokenizer.pad_token_id, eos).generate(prompts, greedy)
@@ -186,12 +192,7 @@ def stream(path: str) -> dict:
     out["engine_idle"] = not engine.llm.llm_engine.has_unfinished_requests()
 
     # in flight: the new weights take over mid-completion, the old tokens stay
-    other = type(model)(model.config).eval()
-    other.load_state_dict(model.state_dict())
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn_like(p), alpha=0.5)
+    other = moved(model)
     near_greedy = SamplingParams(n=1, temperature=1e-4, max_new_tokens=16)
     s = VLLMStream(engine, near_greedy)
     s.submit("d", prompts[1], length=16)

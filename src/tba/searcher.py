@@ -114,11 +114,14 @@ class Searcher:
         prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
         outputs = self.generator.generate(prompt_ids, self.params)
         kept = self._score(prompts, outputs)
-        rewards = [item[1] for items in kept for item in items]
-        # Mean reward of what this batch sampled (before the buffer deduplicates anything): the
-        # plainest measure of how the sampling policy is doing.
-        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        self._note_reward_mean(kept)
         return self._with_ref_logps(prompts, prompt_ids, kept)
+
+    def _note_reward_mean(self, kept) -> None:
+        """Mean reward of what was just sampled (before the buffer deduplicates anything): the
+        plainest measure of how the sampling policy is doing."""
+        rewards = [item[1] for items in kept for item in items]
+        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
 
     def _score(self, prompts: list[Prompt], outputs) -> list[list[tuple[list[int], float, bool, list[float] | None]]]:
         """Per prompt, (token ids, reward, finished, sampler token log-probs) of its usable completions.
@@ -307,8 +310,7 @@ class StreamingSearcher(Searcher):
             finished += self.stream.advance()
         prompts = [f.key[0] for f in finished]
         kept = self._score(prompts, [f.completions for f in finished])
-        rewards = [item[1] for items in kept for item in items]
-        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        self._note_reward_mean(kept)
         versions = [(f.oldest_version, f.newest_version) for f in finished]
         if versions:
             self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)

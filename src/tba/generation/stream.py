@@ -63,10 +63,6 @@ class VLLMStream:
         self._requests: dict[str, tuple[object, int]] = {}  # request id -> (key, version at submission)
         self.engine.set_weight_version(str(generator.version))
 
-    @property
-    def version(self) -> int:
-        return self.generator.version
-
     def in_flight(self) -> int:
         """Prompts submitted whose group has not come out yet."""
         return len(self._requests)
@@ -94,7 +90,7 @@ class VLLMStream:
             if not output.finished or output.request_id not in self._requests:
                 continue
             key, submitted = self._requests.pop(output.request_id)
-            completions = [self.generator._completion(c, self.params.logprobs) for c in output.outputs]
+            completions = [self.generator.completion(c, self.params.logprobs) for c in output.outputs]
             spans = [int(s.version) for c in output.outputs for s in (c.weight_versions or ()) if s.version]
             oldest, newest = (min(spans), max(spans)) if spans else (submitted, self.generator.version)
             finished.append(Finished(key, completions, min(oldest, submitted), newest))

@@ -204,9 +204,10 @@ class VLLMGenerator:
             finally:
                 self.cycle.sleep()  # the trainer's turn
         copies = params.n if params.greedy else 1  # K separate copies of the one greedy completion
-        return [[self._completion(c, params.logprobs) for c in out.outputs for _ in range(copies)] for out in outputs]
+        return [[self.completion(c, params.logprobs) for c in out.outputs for _ in range(copies)] for out in outputs]
 
-    def _completion(self, output, logprobs: bool) -> Completion:
+    def completion(self, output, logprobs: bool) -> Completion:
+        """One vLLM sample as a :class:`Completion` (cut after its first end id)."""
         tokens = truncate_at_eos(list(output.token_ids), self.eos_ids)
         finished = bool(tokens) and tokens[-1] in self.eos_ids
         token_logps = None

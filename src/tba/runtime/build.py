@@ -191,18 +191,18 @@ def make_searcher(
     kind, streaming = Searcher, {}
     if g.stream:
         in_flight = g.max_in_flight or g.prompts_per_batch
+        quarter = max(1, in_flight // 4)
         if g.backend == "vllm":
             engine = generator.engine if isinstance(generator, MergedLoraGenerator) else generator
             stream = VLLMStream(engine, params, loader=generator)
         else:
-            stream = HFStream(generator, params, refill=g.refill or max(1, in_flight // 4))
+            stream = HFStream(generator, params, refill=g.refill or quarter)
         kind = StreamingSearcher
         streaming = {
             "stream": stream,
             "max_in_flight": in_flight,
             "weight_update": g.weight_update,
-            # reference passes and sends in a few larger pieces, not one per group
-            "min_groups_out": max(1, in_flight // 4),
+            "min_groups_out": quarter,  # reference passes and sends in a few larger pieces, not one per group
         }
     return kind(
         task,
