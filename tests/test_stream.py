@@ -85,7 +85,7 @@ def test_hf_stream_refuses_an_empty_refill(tiny_model, tokenizer):
 # ---------------------------------------------------------------- the streaming searcher
 
 
-def _streaming_searcher(tiny_model, tokenizer, weights, in_flight=6, refill=2, min_out=2):
+def _streaming_searcher(tiny_model, tokenizer, weights, in_flight=6, refill=2, min_out=2, task=None, **kwargs):
     from tba.searcher import StreamingSearcher
     from tba.tasks.arithmetic import ArithmeticTask
 
@@ -94,7 +94,7 @@ def _streaming_searcher(tiny_model, tokenizer, weights, in_flight=6, refill=2, m
     gen = HFGenerator(sampler, tokenizer.pad_token_id, eos)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
     return StreamingSearcher(
-        ArithmeticTask(digits=1, operators="+-", eval_size=10),
+        task or ArithmeticTask(digits=1, operators="+-", eval_size=10),
         tokenizer,
         gen,
         tiny_model,  # the reference
@@ -107,6 +107,7 @@ def _streaming_searcher(tiny_model, tokenizer, weights, in_flight=6, refill=2, m
         max_in_flight=in_flight,
         weight_update="in_flight",
         min_groups_out=min_out,
+        **kwargs,
     )
 
 
@@ -130,7 +131,8 @@ def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(
             m["searcher/prompts_taken"]
             == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
         )
-        assert m["searcher/in_flight"] <= 6 and m["searcher/prompts_taken"] >= 6
+        # six in the engine, and at most six more out of it (scoring, the reference pass)
+        assert m["searcher/in_flight"] <= 12 and m["searcher/prompts_taken"] >= 6
         assert all(2 <= len(g.completions) <= 4 and g.newest_version is None for g in groups)
         seen.append(sorted({g.policy_version for g in groups}))
     assert seen[0] == [0] and seen[-1] == [2]
@@ -148,3 +150,131 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
         load_config(None, ["--generation.stream=true", "--generation.explore_prob=0.3"])
     cfg = load_config(None, ["--generation.stream=true", "--generation.weight_update=drain"])
     assert (cfg.generation.max_in_flight, cfg.generation.weight_update) == (None, "drain")
+
+
+class _NumberedTask:
+    """The arithmetic task with each prompt taken numbered (``n<i>:`` in its id), and a reward that
+    sleeps ``slow_s`` on every third prompt (``hang`` prompts: far longer)."""
+
+    def __new__(cls, slow_s: float, hang: set[int] = frozenset()):
+        import dataclasses
+        import time
+
+        from tba.tasks.arithmetic import ArithmeticTask
+
+        class Numbered(ArithmeticTask):
+            def sample_prompts(self, n, rng):
+                out = []
+                for p in super().sample_prompts(n, rng):
+                    out.append(dataclasses.replace(p, id=f"n{self.taken}:{p.id}"))
+                    self.taken += 1
+                return out
+
+            def rewards(self, prompts, completions, completion_ids, stats):
+                numbers = {int(p.id[1:].split(":")[0]) for p in prompts}
+                if numbers & set(hang):
+                    time.sleep(30)
+                elif any(i % 3 == 0 for i in numbers):
+                    time.sleep(slow_s)
+                return super().rewards(prompts, completions, completion_ids, stats)
+
+        task = Numbered(digits=1, operators="+-", eval_size=10)
+        task.taken = 0
+        return task
+
+
+def test_streaming_searcher_sends_groups_as_they_are_scored_none_lost_or_twice(tiny_model, tokenizer):
+    """A reward that sleeps on every third prompt: the groups behind it are sent first; every prompt
+    taken is sent once, dropped, or in flight."""
+    from tba.weights import LocalWeightStore
+
+    torch.manual_seed(0)
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    task = _NumberedTask(slow_s=0.6)
+    searcher = _streaming_searcher(tiny_model, tokenizer, weights, task=task, refill=1, min_out=1, reward_workers=3)
+    sent = []
+    for _ in range(10):
+        sent += [int(g.prompt_id[1:].split(":")[0]) for g in searcher.step()]
+        m = searcher.metrics()
+        assert m["searcher/prompts_taken"] == task.taken
+        assert task.taken == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+    assert len(sent) == len(set(sent)) == searcher.groups_sent  # none twice
+    assert sent != sorted(sent)  # out of order: fast groups overtook the slow ones
+    overtaken = [i for i in sent if i % 3 == 0 and any(j > i for j in sent[: sent.index(i)])]
+    assert overtaken, f"no slow group was overtaken: {sent}"
+    assert m["searcher/group_latency_p95_s"] >= 0.6  # a slow group waited for its reward at least that long
+    assert 0 < m["searcher/group_latency_p50_s"] <= m["searcher/group_latency_p95_s"]
+    assert 0 < m["searcher/engine_busy"] <= 1
+    searcher.close()
+    after = searcher.metrics()  # what was in flight at shutdown stays counted
+    assert after["searcher/in_flight"] == m["searcher/in_flight"] > 0
+
+
+def test_streaming_searcher_gives_up_a_hanging_reward_and_goes_on(tiny_model, tokenizer):
+    import time
+
+    from tba.weights import LocalWeightStore
+
+    torch.manual_seed(0)
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    task = _NumberedTask(slow_s=0.0, hang={1})
+    searcher = _streaming_searcher(
+        tiny_model, tokenizer, weights, task=task, refill=1, min_out=1, reward_workers=1, reward_timeout=0.5
+    )
+    start, sent = time.perf_counter(), []
+    while len(sent) < 8:
+        sent += [int(g.prompt_id[1:].split(":")[0]) for g in searcher.step()]
+    m = searcher.metrics()
+    assert time.perf_counter() - start < 20  # not held by the 30 s call
+    assert 1 not in sent and m["searcher/reward_timeouts"] == 4  # prompt 1's four samples, dropped
+    assert searcher.pool.timed_out == 1
+    assert task.taken == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+    searcher.close()
+
+
+def test_streaming_searcher_reference_thread_computes_the_same_log_probs(tiny_model, tokenizer):
+    from tests.numerics import assert_reordered_close, model_terms
+
+    from tba.models.logprobs import sequence_logprobs
+    from tba.weights import LocalWeightStore
+
+    torch.manual_seed(0)
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    searcher = _streaming_searcher(tiny_model, tokenizer, weights, reference_thread=True)
+    groups = [g for _ in range(4) for g in searcher.step()]
+    assert groups and searcher._ref_thread is not None
+    for g in groups:
+        expected = sequence_logprobs(
+            tiny_model, [g.prompt_ids] * len(g.completions), g.completions, tokenizer.pad_token_id,
+            {tokenizer.eos_token_id},
+        )  # fmt: skip
+        tokens = max(len(g.prompt_ids) + len(c) for c in g.completions)
+        assert_reordered_close(g.ref_logps, expected, terms=model_terms(tiny_model.config, tokens))
+    searcher.close()
+
+
+def test_scoring_pool_returns_results_gives_up_at_deadlines_and_raises_call_errors():
+    import time
+
+    from tba.scoring import ScoringPool
+
+    pool = ScoringPool(workers=1, timeout=0.3)
+    pool.submit("hang", time.sleep, 3)
+    pool.submit("queued", lambda: 7)  # behind the hung call on the only worker
+    done, expired = [], []
+    deadline = time.monotonic() + 5
+    while pool.pending() and time.monotonic() < deadline:
+        d, e = pool.collect(wait_s=0.1)
+        done += d
+        expired += e
+    assert expired == ["hang"] and done == [("queued", 7)] and pool.timed_out == 1  # the queued call moved on
+    pool.submit("bad", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        while True:
+            pool.collect(wait_s=0.1)
+    with pytest.raises(ValueError, match="worker"):
+        ScoringPool(workers=0)
+    pool.close()

@@ -90,7 +90,16 @@ class ModelConfig(_Section):
     policy with its adapter switched off, so ``reference`` must stay unset (or name the policy)."""
 
 
-class ArithmeticTaskConfig(_Section):
+class _TaskSection(_Section):
+    """What every task has."""
+
+    reward_timeout: float | None = Field(None, gt=0)
+    """Seconds one call of the reward functions may take (a batch's, or with ``generation.stream``
+    the groups that finished together); a call past it is given up, its samples dropped and counted
+    (``searcher/reward_timeouts``). Default: no limit."""
+
+
+class ArithmeticTaskConfig(_TaskSection):
     name: Literal["arithmetic"] = "arithmetic"
     """Task type. ``arithmetic``: the built-in demo, integer problems such as ``37+85=``."""
     digits: int = Field(2, ge=1, le=6)
@@ -122,7 +131,7 @@ class ArithmeticTaskConfig(_Section):
         return self
 
 
-class _DataTaskConfig(_Section):
+class _DataTaskConfig(_TaskSection):
     """Where a task's prompts come from: a Hugging Face dataset or local files, through ``datasets``."""
 
     path: str
@@ -256,7 +265,7 @@ class TLDRTaskConfig(_DataTaskConfig):
     """The judge's tokenizer (the paper's judge uses ``EleutherAI/pythia-6.9b-deduped``); default: its own."""
 
 
-class RedteamTaskConfig(_Section):
+class RedteamTaskConfig(_TaskSection):
     name: Literal["redteam"] = "redteam"
     """Task type. ``redteam``: the policy writes attacks, a victim answers, a classifier scores."""
     instruction: str = Field(
@@ -407,6 +416,9 @@ class GenerationConfig(_Section):
     refill: int | None = Field(None, ge=1)
     """``backend: hf`` with ``stream``: prompts per ``generate`` call (HF has no request-level
     engine); default: a quarter of ``max_in_flight``."""
+    reward_workers: int = Field(4, ge=1)
+    """With ``stream``: threads that score the groups leaving the engine while it goes on (reward
+    functions must be thread-safe above 1)."""
 
     @model_validator(mode="after")
     def _check_samples(self) -> GenerationConfig:

@@ -18,6 +18,9 @@ reference is the sampler itself with its adapter switched off (``tba.models.lora
 from __future__ import annotations
 
 import random
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import torch
@@ -26,6 +29,7 @@ from tba.generation.base import Generator, SamplingParams
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
 from tba.rewards import RewardStats
+from tba.scoring import ScoringPool
 from tba.tasks.base import Prompt, Task
 from tba.types import RolloutGroup
 from tba.weights import WeightStore
@@ -39,6 +43,7 @@ class SearcherStats:
     unfinished: int = 0
     dropped_groups: int = 0
     weight_updates: int = 0
+    reward_timeouts: int = 0  # samples whose reward call ran past task.reward_timeout (dropped)
 
 
 class Searcher:
@@ -59,6 +64,7 @@ class Searcher:
         ref_micro_batch: int | None = None,
         ref_max_tokens: int | None = None,
         ref_reset_every: int | None = None,
+        reward_timeout: float | None = None,
     ):
         self.task = task
         self.tokenizer = tokenizer
@@ -76,6 +82,10 @@ class Searcher:
         self.ref_max_tokens = ref_max_tokens  # padded tokens per reference forward pass
         self.ref_reset_every = ref_reset_every  # TBA′: the reference follows the policy every ρ steps
         self.ref_epoch = 0
+        self.reward_timeout = reward_timeout  # seconds per reward call; None: no limit
+        self._timer = ScoringPool(1, reward_timeout) if reward_timeout is not None else None
+        self.engine_s = 0.0  # seconds spent generating
+        self.started: float | None = None  # first step
         self.version = -1  # no weights loaded yet
         self.last_reward_mean = float("nan")
         self.stats = SearcherStats()
@@ -110,11 +120,16 @@ class Searcher:
         self.pull_weights()
         if self.version < 0:
             raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
+        if self.started is None:
+            self.started = time.perf_counter()
         prompts = self.task.sample_prompts(self.prompts_per_batch, self.rng)
         prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
+        start = time.perf_counter()
         outputs = self.generator.generate(prompt_ids, self.params)
+        self.engine_s += time.perf_counter() - start
         kept = self._score(prompts, outputs)
         self._note_reward_mean(kept)
+        prompts, prompt_ids, kept, _ = self._drop_small(prompts, prompt_ids, kept)
         return self._with_ref_logps(prompts, prompt_ids, kept)
 
     def _note_reward_mean(self, kept) -> None:
@@ -127,9 +142,32 @@ class Searcher:
         """Per prompt, (token ids, reward, finished, sampler token log-probs) of its usable completions.
 
         Empty completions are dropped; unfinished ones get ``unfinished_reward`` when it is set;
-        everything else is scored in one batched call of the task."""
+        everything else is scored in one batched call of the task (given up after
+        ``reward_timeout`` seconds: those samples are dropped and counted)."""
+        kept, to_score = self._triage(prompts, outputs)
+        if not to_score:
+            return kept
+        args = self._reward_args(prompts, to_score)
+        if self._timer is None:
+            rewards, stats = self._call_rewards(*args, self.reward_stats.fork())
+        else:
+            self._timer.submit(None, self._call_rewards, *args, self.reward_stats.fork())
+            done: list = []
+            while not done and self._timer.pending():
+                done, _ = self._timer.collect(wait_s=1.0)
+            if not done:  # given up at the deadline
+                self.stats.reward_timeouts += len(to_score)
+                return kept
+            rewards, stats = done[0][1]
+        self.reward_stats.merge(stats)
+        self._add_rewards(kept, to_score, rewards)
+        return kept
+
+    def _triage(self, prompts, outputs) -> tuple[list[list], list[tuple[int, object]]]:
+        """Count the completions; per prompt, those kept without a reward call (unfinished ones with
+        ``unfinished_reward``), and the (prompt index, completion) pairs to score."""
         kept: list[list] = [[] for _ in prompts]
-        to_score = []  # (prompt index, completion)
+        to_score = []
         for i, outs in enumerate(outputs):
             for out in outs:
                 self.stats.completions += 1
@@ -143,24 +181,38 @@ class Searcher:
                         kept[i].append((out.token_ids, self.unfinished_reward, False, out.token_logps))
                         continue
                 to_score.append((i, out))
-        if to_score:
-            content = [[t for t in out.token_ids if t not in self.eos_ids] for _, out in to_score]
-            texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
-            batch_prompts = [prompts[i] for i, _ in to_score]
-            rewards = self.task.rewards(batch_prompts, texts, [out.token_ids for _, out in to_score], self.reward_stats)
-            for (i, out), reward in zip(to_score, rewards, strict=True):
-                if reward is not None:
-                    kept[i].append((out.token_ids, reward, out.finished, out.token_logps))
-        return kept
+        return kept, to_score
+
+    def _reward_args(self, prompts, to_score) -> tuple[list, list[str], list[list[int]]]:
+        content = [[t for t in out.token_ids if t not in self.eos_ids] for _, out in to_score]
+        texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
+        return [prompts[i] for i, _ in to_score], texts, [out.token_ids for _, out in to_score]
+
+    def _call_rewards(self, prompts, texts, ids, stats: RewardStats) -> tuple[list[float | None], RewardStats]:
+        """One call of the task's rewards, counting into ``stats`` (a fork: safe on a scoring thread)."""
+        return self.task.rewards(prompts, texts, ids, stats), stats
+
+    @staticmethod
+    def _add_rewards(kept, to_score, rewards) -> None:
+        for (i, out), reward in zip(to_score, rewards, strict=True):
+            if reward is not None:
+                kept[i].append((out.token_ids, reward, out.finished, out.token_logps))
+
+    def _drop_small(self, prompts, prompt_ids, kept, versions=None):
+        """Leave out (and count) the prompts with fewer than two usable completions: no learning
+        signal for a group objective."""
+        keep = [i for i, items in enumerate(kept) if len(items) >= 2]
+        self.stats.dropped_groups += len(kept) - len(keep)
+        pick = lambda xs: [xs[i] for i in keep] if xs is not None else None  # noqa: E731
+        return pick(prompts), pick(prompt_ids), pick(kept), pick(versions)
 
     @torch.no_grad()
     def _with_ref_logps(self, prompts, prompt_ids, kept, versions=None) -> list[RolloutGroup]:
-        """Groups of the kept completions (two or more per prompt) with their reference log-probs;
-        ``versions``: each prompt's (oldest, newest) policy version, default this searcher's."""
+        """Groups of the kept completions (two or more per prompt: see :meth:`_drop_small`) with
+        their reference log-probs; ``versions``: each prompt's (oldest, newest) policy version,
+        default this searcher's. Changes no counter (it may run on a thread of its own)."""
         flat_prompts, flat_completions = [], []
         for ids, items in zip(prompt_ids, kept, strict=True):
-            if len(items) < 2:
-                continue
             flat_prompts += [ids] * len(items)
             flat_completions += [item[0] for item in items]
         ref = []
@@ -177,9 +229,6 @@ class Searcher:
         groups, i = [], 0
         versions = versions or [(self.version, self.version)] * len(prompts)
         for prompt, ids, items, (oldest, newest) in zip(prompts, prompt_ids, kept, versions, strict=True):
-            if len(items) < 2:
-                self.stats.dropped_groups += 1
-                continue
             n = len(items)
             groups.append(
                 RolloutGroup(
@@ -206,6 +255,8 @@ class Searcher:
             "searcher/empty_completions": float(s.empty),
             "searcher/unfinished": float(s.unfinished),
             "searcher/dropped_groups": float(s.dropped_groups),
+            "searcher/reward_timeouts": float(s.reward_timeouts),
+            "searcher/engine_busy": self.engine_s / (time.perf_counter() - self.started) if self.started else 0.0,
             "searcher/version": float(self.version),
             "searcher/reward_mean": self.last_reward_mean,
         }
@@ -269,16 +320,32 @@ class Searcher:
 class StreamingSearcher(Searcher):
     """A searcher that never waits for its slowest completion (``generation.stream``).
 
-    The engine holds up to ``max_in_flight`` prompts (:mod:`tba.generation.stream`): each
-    :meth:`step` tops it up with new prompts, runs it until at least ``min_groups_out`` groups have
-    finished, and returns those groups scored and with their reference log-probs, while the rest
-    stay in flight. New weights load between two engine steps (``weight_update``): ``in_flight``
-    lets the prompts in flight go on with them, so a group can hold tokens of two or more versions
-    (``policy_version`` is the oldest, ``newest_version`` the newest); ``drain`` finishes them with
-    the old weights first. Every prompt taken is sent as a group, dropped and counted
-    (``searcher/dropped_groups``), or still in flight (``searcher/in_flight``)."""
+    The engine holds up to ``max_in_flight`` prompts (:mod:`tba.generation.stream`). A group that
+    leaves the engine goes to a pool of ``reward_workers`` scoring threads
+    (:class:`~tba.scoring.ScoringPool`, each call given up after ``reward_timeout`` seconds) while
+    the engine goes on, then through the reference pass (on a thread of its own with
+    ``reference_thread``, else on this one between engine steps); a new prompt takes its place in
+    the engine at once. Each :meth:`step` returns as soon as ``min_groups_out`` groups are ready;
+    the rest stay in flight for the next.
 
-    def __init__(self, *args, stream, max_in_flight: int, weight_update: str, min_groups_out: int = 1, **kwargs):
+    New weights load between two engine steps (``weight_update``): ``in_flight`` lets the prompts in
+    flight go on with them, so a group can hold tokens of two or more versions (``policy_version``
+    is the oldest, ``newest_version`` the newest); ``drain`` finishes them with the old weights
+    first. Every prompt taken is sent as a group, dropped and counted (``searcher/dropped_groups``),
+    or still in flight (``searcher/in_flight``: in the engine, being scored, or in the reference
+    pass)."""
+
+    def __init__(
+        self,
+        *args,
+        stream,
+        max_in_flight: int,
+        weight_update: str,
+        min_groups_out: int = 1,
+        reward_workers: int = 4,
+        reference_thread: bool = False,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if max_in_flight < 1 or min_groups_out < 1:
             raise ValueError(f"max_in_flight and min_groups_out must be >= 1, got {max_in_flight}, {min_groups_out}")
@@ -286,43 +353,139 @@ class StreamingSearcher(Searcher):
         self.max_in_flight = max_in_flight
         self.min_groups_out = min(min_groups_out, max_in_flight)
         self.weight_update = weight_update
-        self._ready: list = []  # groups that left the engine while weights loaded (drain)
+        self.pool = ScoringPool(reward_workers, self.reward_timeout)
+        self._ref_thread = ThreadPoolExecutor(1, thread_name_prefix="tba-reference") if reference_thread else None
+        self._ref_job: tuple[Future, int] | None = None  # (reference pass in flight, its prompts)
+        self._scored: list = []  # (Finished, kept completions) scored, waiting for the reference pass
+        self._out: list[tuple[RolloutGroup, float]] = []  # (group, time its prompt was taken), ready to send
+        self._after_engine = 0  # prompts out of the engine, not yet sent or dropped
+        self._aborted = 0  # prompts in the engine when it was closed
+        self._rewards_seen: list[float] = []
         self.prompts_taken = self.groups_sent = 0
         self.last_versions_per_group = float("nan")
+        self.latencies: deque[float] = deque(maxlen=512)  # taken → sent, seconds, of the latest groups
 
     def _load(self, state, version: int) -> None:
-        self._ready += self.stream.load_weights(state, version, self.weight_update)
+        self._submit(self.stream.load_weights(state, version, self.weight_update))
 
     def in_flight(self) -> int:
-        return self.stream.in_flight() + len(self._ready)
+        """Prompts taken and neither sent nor dropped yet."""
+        return self.stream.in_flight() + self._after_engine + self._aborted
 
     def step(self) -> list[RolloutGroup]:
         self.pull_weights()
         if self.version < 0:
             raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
-        while self.stream.in_flight() < self.max_in_flight:
+        if self.started is None:
+            self.started = time.perf_counter()
+        while True:
+            self._top_up()
+            self._collect_scores(wait_s=0.0)
+            self._reference(wait=False)
+            if len(self._out) >= self.min_groups_out:
+                break
+            if self.stream.in_flight():
+                start = time.perf_counter()
+                finished = self.stream.advance()
+                self.engine_s += time.perf_counter() - start
+                self._submit(finished)
+            elif self.pool.pending():  # the engine is empty because scoring lags: wait for it
+                self._collect_scores(wait_s=0.05)
+            elif self._ref_job is not None or self._scored:
+                self._reference(wait=True)
+            else:
+                break
+        out, self._out = self._out, []
+        now = time.perf_counter()
+        self.latencies.extend(now - taken for _, taken in out)
+        self._after_engine -= len(out)
+        self.groups_sent += len(out)
+        rewards, self._rewards_seen = self._rewards_seen, []
+        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        return [group for group, _ in out]
+
+    def _top_up(self) -> None:
+        """New prompts into the engine while it has room, and while scoring keeps up (at most
+        ``max_in_flight`` more prompts waiting after the engine)."""
+        while self.stream.in_flight() < self.max_in_flight and self.in_flight() < 2 * self.max_in_flight:
             (prompt,) = self.task.sample_prompts(1, self.rng)
             ids = encode_prompts(self.tokenizer, [prompt], self.chat_template)[0]
-            self.stream.submit((prompt, ids), ids)
+            self.stream.submit((prompt, ids, time.perf_counter()), ids)
             self.prompts_taken += 1
-        finished, self._ready = self._ready, []
-        while len(finished) < self.min_groups_out and self.stream.in_flight():
-            finished += self.stream.advance()
+
+    def _submit(self, finished: list) -> None:
+        """Groups out of the engine: counted, then to the scoring pool (those with anything to score)."""
+        if not finished:
+            return
+        self._after_engine += len(finished)
         prompts = [f.key[0] for f in finished]
-        kept = self._score(prompts, [f.completions for f in finished])
-        self._note_reward_mean(kept)
-        versions = [(f.oldest_version, f.newest_version) for f in finished]
-        if versions:
-            self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)
-        groups = self._with_ref_logps(prompts, [f.key[1] for f in finished], kept, versions)
-        self.groups_sent += len(groups)
-        return groups
+        kept, to_score = self._triage(prompts, [f.completions for f in finished])
+        if to_score:
+            args = self._reward_args(prompts, to_score)
+            self.pool.submit((finished, kept, to_score), self._call_rewards, *args, self.reward_stats.fork())
+        else:
+            self._scored_groups(finished, kept)
+
+    def _collect_scores(self, wait_s: float) -> None:
+        done, expired = self.pool.collect(wait_s)
+        for (finished, kept, to_score), (rewards, stats) in done:
+            self.reward_stats.merge(stats)
+            self._add_rewards(kept, to_score, rewards)
+            self._scored_groups(finished, kept)
+        for finished, kept, to_score in expired:  # their scored samples are lost, counted
+            self.stats.reward_timeouts += len(to_score)
+            self._scored_groups(finished, kept)
+
+    def _scored_groups(self, finished, kept) -> None:
+        for f, items in zip(finished, kept, strict=True):
+            self._rewards_seen += [item[1] for item in items]
+            if len(items) < 2:
+                self.stats.dropped_groups += 1
+                self._after_engine -= 1
+            else:
+                self._scored.append((f, items))
+
+    def _reference(self, wait: bool) -> None:
+        """The reference pass over the scored groups: on the reference thread whenever it is free,
+        else here, once enough groups are scored for a step (or ``wait``)."""
+        if self._ref_thread is None:
+            if self._scored and (wait or len(self._out) + len(self._scored) >= self.min_groups_out):
+                batch, self._scored = self._scored, []
+                self._out += self._ref_pass(batch)
+            return
+        if self._ref_job is not None and (wait or self._ref_job[0].done()):
+            job, self._ref_job = self._ref_job, None
+            self._out += job[0].result()  # an exception of the pass is raised here
+        if self._ref_job is None and self._scored:
+            batch, self._scored = self._scored, []
+            self._ref_job = (self._ref_thread.submit(self._ref_pass, batch), len(batch))
+
+    def _ref_pass(self, batch) -> list[tuple[RolloutGroup, float]]:
+        versions = [(f.oldest_version, f.newest_version) for f, _ in batch]
+        groups = self._with_ref_logps(
+            [f.key[0] for f, _ in batch], [f.key[1] for f, _ in batch], [items for _, items in batch], versions
+        )
+        self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)
+        return list(zip(groups, [f.key[2] for f, _ in batch], strict=True))
+
+    def close(self) -> None:
+        """Stop the engine's requests and the threads; what was in flight stays counted in
+        ``searcher/in_flight``."""
+        self._aborted += len(self.stream.abort())
+        self.pool.close()
+        if self._ref_thread is not None:
+            self._ref_thread.shutdown(wait=False, cancel_futures=True)
 
     def metrics(self) -> dict[str, float]:
-        return {
+        lat = sorted(self.latencies)
+        out = {
             **super().metrics(),
             "searcher/prompts_taken": float(self.prompts_taken),
             "searcher/groups_sent": float(self.groups_sent),
             "searcher/in_flight": float(self.in_flight()),
             "searcher/versions_per_group": self.last_versions_per_group,
         }
+        if lat:
+            out["searcher/group_latency_p50_s"] = lat[len(lat) // 2]
+            out["searcher/group_latency_p95_s"] = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
+        return out

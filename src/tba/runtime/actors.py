@@ -43,6 +43,8 @@ _CUMULATIVE = (
     "searcher/reward_errors",
     "searcher/reward_non_finite",
     "searcher/no_reward",
+    "searcher/reward_timeouts",
+    "searcher/lost_in_flight",
     "tokens",
     "elapsed_s",
 )
@@ -65,8 +67,11 @@ class Inbox:
         last = self.stats.get(searcher_id)
         if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
             self.carried[searcher_id] = {k: last[k] for k in _CUMULATIVE if k in last}
+            if "searcher/in_flight" in last:  # the prompts a streaming searcher had in flight died with it
+                lost = last["searcher/in_flight"] + last.get("searcher/lost_in_flight", 0.0)
+                self.carried[searcher_id]["searcher/lost_in_flight"] = lost
         carried = self.carried.get(searcher_id, {})
-        self.stats[searcher_id] = {**stats, **{k: stats[k] + v for k, v in carried.items() if k in stats}}
+        self.stats[searcher_id] = {**stats, **{k: stats.get(k, 0.0) + v for k, v in carried.items()}}
         self.errors.extend(errors)
         return self.running  # False tells the searcher to stop
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 import uuid
 from pathlib import Path
@@ -163,9 +164,19 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/unfinished": float(sum(s.get("searcher/unfinished", 0.0) for s in stats.values())),
         "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
     }
-    for key in ("searcher/prompts_taken", "searcher/groups_sent", "searcher/in_flight"):  # streaming searchers
+    out["searcher/reward_timeouts"] = float(sum(s.get("searcher/reward_timeouts", 0.0) for s in stats.values()))
+    busy = [s["searcher/engine_busy"] for s in stats.values() if "searcher/engine_busy" in s]
+    if busy:
+        out["searcher/engine_busy"] = sum(busy) / len(busy)
+    streaming = ("searcher/prompts_taken", "searcher/groups_sent", "searcher/in_flight", "searcher/lost_in_flight")
+    for key in streaming:
         if any(key in s for s in stats.values()):
             out[key] = float(sum(s.get(key, 0.0) for s in stats.values()))
+    p50 = [s["searcher/group_latency_p50_s"] for s in stats.values() if "searcher/group_latency_p50_s" in s]
+    if p50:  # the typical searcher's median, the slowest searcher's tail
+        out["searcher/group_latency_p50_s"] = statistics.median(p50)
+        tails = [s["searcher/group_latency_p95_s"] for s in stats.values() if "searcher/group_latency_p95_s" in s]
+        out["searcher/group_latency_p95_s"] = max(tails)
     spans = [
         s["searcher/versions_per_group"]
         for s in stats.values()

@@ -203,6 +203,13 @@ def make_searcher(
             "max_in_flight": in_flight,
             "weight_update": g.weight_update,
             "min_groups_out": quarter,  # reference passes and sends in a few larger pieces, not one per group
+            "reward_workers": g.reward_workers,
+            # beside the engine on an accelerator; on a CPU the engine has the cores already. Not for a
+            # LoRA reference (the sampler itself, adapter off: calls must not overlap) nor TBA′ (which
+            # reloads the reference between steps)
+            "reference_thread": resolve_device(cfg.run.device).type == "cuda"
+            and not isinstance(reference, ReferenceView)
+            and not (cfg.objective.type == "tb" and cfg.objective.ref_reset_every),
         }
     return kind(
         task,
@@ -224,6 +231,7 @@ def make_searcher(
         if t.micro_batch_prompts
         else None,
         ref_max_tokens=t.micro_batch_tokens,
+        reward_timeout=cfg.task.reward_timeout,
         **streaming,
     )
 
