@@ -272,6 +272,26 @@ def test_sync_resume_is_bit_exact(tmp_path, demo_cache):
     ]
 
 
+def test_sync_streaming_generation_resumes_bit_exact_and_counts_every_prompt(tmp_path, demo_cache):
+    """generation.stream in the sync runtime: each step takes its batch's prompts and waits for all of
+    them (nothing in flight at a checkpoint), groups come in the order taken."""
+    stream = ("--generation.stream=true", "--generation.explore_prob=0", "--generation.reward_workers=2")
+    straight, _ = run_sync(sync_cfg(demo_cache, tmp_path, "straight", 5, *stream))
+    run_sync(sync_cfg(demo_cache, tmp_path, "resumed", 3, *stream))
+    resumed, _ = run_sync(sync_cfg(demo_cache, tmp_path, "resumed", 5, "--run.resume=true", *stream))
+    a, b = (load_file(d / "checkpoints" / "step_5" / "model.safetensors") for d in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run's weights differ"
+    runs = [
+        [r for r in read_metrics(d / "metrics.jsonl") if r.get("train/loss") is not None] for d in (straight, resumed)
+    ]
+    for r in runs[1]:
+        assert r["searcher/in_flight"] == 0
+        assert r["searcher/prompts_taken"] == r["searcher/groups_sent"] + r["searcher/dropped_groups"]
+        assert r["searcher/prompts_taken"] % 4 == 0  # whole batches of prompts_per_batch
+    keys = ("train/loss", "searcher/prompts_taken", "searcher/groups_sent", "searcher/dropped_groups")
+    assert [[r[k] for k in keys] for r in runs[1]] == [[r[k] for k in keys] for r in runs[0]]  # counters go on
+
+
 # ------------------------------------------------------------------ resume, ray runtime
 
 

@@ -142,8 +142,6 @@ def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(
 def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_path):
     from tba.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="generation.stream is for the ray runtime"):
-        load_config(None, ["--runtime.type=sync", "--generation.stream=true"])
     with pytest.raises(ConfigError, match="keeps its engine awake: set generation.vllm.sleep=false"):
         load_config(None, ["--generation.stream=true", "--generation.backend=vllm", "--generation.vllm.sleep=true"])
     with pytest.raises(ConfigError, match="no generation.explore_prob"):

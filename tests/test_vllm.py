@@ -182,7 +182,7 @@ def train(tmp_path, demo_cache, *args: str) -> tuple[subprocess.CompletedProcess
 
 @needs_vllm
 @pytest.mark.parametrize(
-    ("runtime", "lora", "stream"), [("sync", False, False), ("ray", False, False), ("ray", True, True)]
+    ("runtime", "lora", "stream"), [("sync", False, True), ("ray", False, False), ("ray", True, True)]
 )
 def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime, lora, stream):
     from tests.conftest import stored_rollouts
@@ -191,7 +191,7 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
 
     extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3"] if lora else []
     extra += ["--runtime.max_lag=2"] if runtime == "ray" else []  # searchers must take new weights to keep up
-    extra += ["--generation.stream=true"] if stream else []  # continuous generation, weights loaded in flight
+    extra += ["--generation.stream=true"] if stream else []  # continuous generation (ray: weights loaded in flight)
     proc, run_dir = train(
         tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
     )
@@ -208,6 +208,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
             last["searcher/groups_sent"] + last["searcher/dropped_groups"] + last["searcher/in_flight"]
         )
         assert last["searcher/groups_sent"] > 0 and last["searcher/versions_per_group"] >= 1
+        if runtime == "sync":  # each step's prompts all finished within it: nothing in flight, one version
+            assert all(r["searcher/in_flight"] == 0 for r in records) and last["searcher/versions_per_group"] == 1
     if runtime == "sync":  # tba eval of the run, through a vLLM engine on its checkpoint
         env = {**os.environ, "TBA_CACHE": str(demo_cache), "TERM": "dumb"}
         proc = subprocess.run(

@@ -403,19 +403,21 @@ class GenerationConfig(_Section):
     unfinished_reward: float | None = None
     """Reward for completions without EOS (e.g. -1 as for TL;DR); default: the task's reward."""
     stream: bool = False
-    """Continuous generation in the ray runtime's searchers: the engine keeps ``max_in_flight``
-    prompts going, each prompt's group leaves as soon as its last completion finishes and a new
-    prompt takes its place (``tba.searcher.StreamingSearcher``); off: whole batches of
-    ``prompts_per_batch``. Not with ``explore_prob`` (which draws settings per batch)."""
+    """Continuous generation (``tba.searcher.StreamingSearcher``): in the ray runtime the engine
+    keeps ``max_in_flight`` prompts going, each prompt's group leaves as soon as its last completion
+    finishes and a new prompt takes its place; in the sync runtime a step's ``prompts_per_batch``
+    prompts enter together and each group is scored as it finishes, while the rest generate (the
+    step still trains on exactly them). Off: whole batches, scored after the last completion. Not
+    with ``explore_prob`` (which draws settings per batch)."""
     max_in_flight: int | None = Field(None, ge=1)
-    """Prompts a streaming searcher keeps in its engine; default: ``prompts_per_batch``."""
+    """Prompts a streaming searcher keeps in its engine (ray runtime); default: ``prompts_per_batch``."""
     weight_update: Literal["drain", "in_flight"] = "in_flight"
     """How a streaming searcher loads new weights: ``in_flight`` between two engine steps, the
     prompts in flight going on with them (a group then holds tokens of more than one version; its
     lag counts from the oldest); ``drain``: after finishing the prompts in flight."""
     refill: int | None = Field(None, ge=1)
     """``backend: hf`` with ``stream``: prompts per ``generate`` call (HF has no request-level
-    engine); default: a quarter of ``max_in_flight``."""
+    engine); default: a quarter of ``max_in_flight`` in the ray runtime, ``prompts_per_batch`` in sync."""
     reward_workers: int = Field(4, ge=1)
     """With ``stream``: threads that score the groups leaving the engine while it goes on (reward
     functions must be thread-safe above 1)."""
@@ -809,11 +811,6 @@ class Config(_Section):
                         f"{key} controls staleness in the sync runtime, where generation and training "
                         "alternate; set runtime.type=sync"
                     )
-        if self.generation.stream and self.runtime.type == "sync":
-            raise ValueError(
-                "generation.stream is for the ray runtime's searchers; the sync runtime generates each "
-                "step's batch whole: set runtime.type=ray or generation.stream=false"
-            )
         if self.generation.stream and self.generation.backend == "vllm" and self.generation.vllm.sleep:
             raise ValueError(
                 "generation.stream with generation.vllm.sleep=true: sleep mode frees the engine's KV cache "

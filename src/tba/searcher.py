@@ -326,7 +326,8 @@ class StreamingSearcher(Searcher):
     the engine goes on, then through the reference pass (on a thread of its own with
     ``reference_thread``, else on this one between engine steps); a new prompt takes its place in
     the engine at once. Each :meth:`step` returns as soon as ``min_groups_out`` groups are ready;
-    the rest stay in flight for the next.
+    the rest stay in flight for the next. With ``exact`` (the sync runtime) a step takes
+    ``max_in_flight`` prompts at once and returns when every one of them is sent or dropped.
 
     New weights load between two engine steps (``weight_update``): ``in_flight`` lets the prompts in
     flight go on with them, so a group can hold tokens of two or more versions (``policy_version``
@@ -344,6 +345,7 @@ class StreamingSearcher(Searcher):
         min_groups_out: int = 1,
         reward_workers: int = 4,
         reference_thread: bool = False,
+        exact: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -353,6 +355,7 @@ class StreamingSearcher(Searcher):
         self.max_in_flight = max_in_flight
         self.min_groups_out = min(min_groups_out, max_in_flight)
         self.weight_update = weight_update
+        self.exact = exact  # the sync runtime's step: max_in_flight prompts taken together, all finished
         self.pool = ScoringPool(reward_workers, self.reward_timeout)
         self._ref_thread = ThreadPoolExecutor(1, thread_name_prefix="tba-reference") if reference_thread else None
         self._ref_job: tuple[Future, int] | None = None  # (reference pass in flight, its prompts)
@@ -378,11 +381,14 @@ class StreamingSearcher(Searcher):
             raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
         if self.started is None:
             self.started = time.perf_counter()
-        while True:
+        if self.exact:
             self._top_up()
+        while True:
+            if not self.exact:
+                self._top_up()
             self._collect_scores(wait_s=0.0)
             self._reference(wait=False)
-            if len(self._out) >= self.min_groups_out:
+            if self.in_flight() == len(self._out) if self.exact else len(self._out) >= self.min_groups_out:
                 break
             if self.stream.in_flight():
                 start = time.perf_counter()
@@ -396,6 +402,8 @@ class StreamingSearcher(Searcher):
             else:
                 break
         out, self._out = self._out, []
+        if self.exact:  # in the order taken, whatever order scoring finished in: a resumed run repeats it
+            out.sort(key=lambda item: item[1])
         now = time.perf_counter()
         self.latencies.extend(now - taken for _, taken in out)
         self._after_engine -= len(out)
@@ -467,6 +475,22 @@ class StreamingSearcher(Searcher):
         )
         self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)
         return list(zip(groups, [f.key[2] for f, _ in batch], strict=True))
+
+    def state_dict(self) -> dict:
+        if self.in_flight():
+            raise RuntimeError(
+                f"{self.in_flight()} prompts in flight: a streaming searcher's state is saved between exact steps"
+            )
+        return {
+            **super().state_dict(),
+            "stream": {"prompts_taken": self.prompts_taken, "groups_sent": self.groups_sent},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        counts = state.get("stream", {})
+        self.prompts_taken = counts.get("prompts_taken", 0)
+        self.groups_sent = counts.get("groups_sent", 0)
 
     def close(self) -> None:
         """Stop the engine's requests and the threads; what was in flight stays counted in

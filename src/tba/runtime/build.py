@@ -190,18 +190,20 @@ def make_searcher(
     )
     kind, streaming = Searcher, {}
     if g.stream:
-        in_flight = g.max_in_flight or g.prompts_per_batch
+        exact = cfg.runtime.type == "sync"  # each step: its batch's prompts, all of them to the end
+        in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
         if g.backend == "vllm":
             engine = generator.engine if isinstance(generator, MergedLoraGenerator) else generator
             stream = VLLMStream(engine, params, loader=generator)
         else:
-            stream = HFStream(generator, params, refill=g.refill or quarter)
+            stream = HFStream(generator, params, refill=g.refill or (in_flight if exact else quarter))
         kind = StreamingSearcher
         streaming = {
             "stream": stream,
             "max_in_flight": in_flight,
             "weight_update": g.weight_update,
+            "exact": exact,
             "min_groups_out": quarter,  # reference passes and sends in a few larger pieces, not one per group
             "reward_workers": g.reward_workers,
             # beside the engine on an accelerator; on a CPU the engine has the cores already. Not for a
