@@ -46,6 +46,12 @@ def model_path(name: str, tmp: Path) -> str:
         from real_model import ensure_smollm2
 
         return str(ensure_smollm2())
+    if name in ("qwen0.5b", "qwen-tiny"):  # random weights in Qwen2.5-0.5B's shape (benchmarks/bench_gpu.py)
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from bench_gpu import build_model
+
+        build_model(tmp, "0.5b" if name == "qwen0.5b" else "tiny")
+        return str(tmp)
     if name == "tiny":  # the demo's tokenizer on a random Llama with 32-wide heads (vLLM's CPU attention)
         from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
 
@@ -95,7 +101,12 @@ def run(stream, prompts: list[list[int]], todo: list[int], slots: int, mode: str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="smollm2 (benchmarks/real_model.py), tiny, or a model folder")
+    p.add_argument(
+        "--model", default="smollm2",
+        help="smollm2 (benchmarks/real_model.py), tiny, qwen0.5b (random, Qwen2.5-0.5B's shape), or a model folder",
+    )  # fmt: skip
+    p.add_argument("--device", default="cpu", help="cpu or cuda (hf backend)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     p.add_argument("--prompts", type=int, default=64, help="distinct prompts (and lengths), cycled")
     p.add_argument("--seconds", type=float, default=90.0, help="generation time per way")
@@ -126,12 +137,13 @@ def main() -> None:
     prompts = [tokenizer(t)["input_ids"] for t in texts]
     todo = lengths(a.prompts, a.min_len, a.max_len, a.seed)
     params = SamplingParams(n=a.group_size, temperature=1.0, max_new_tokens=a.max_len)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    dtype = getattr(torch, a.dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().to(a.device)
     if a.backend == "vllm":
         from tba.generation.vllm_backend import VLLMGenerator
 
         engine = VLLMGenerator(
-            path, eos, torch.device("cpu"), torch.float32, seed=a.seed, kv_cache_gb=a.kv_cache_gb,
+            path, eos, torch.device(a.device), dtype, seed=a.seed, kv_cache_gb=a.kv_cache_gb,
             max_model_len=max(len(x) for x in prompts) + a.max_len,
         )  # fmt: skip
         engine.load_weights(model.state_dict(), version=0)
@@ -158,7 +170,7 @@ def main() -> None:
     ratio = s["completions_per_s"] / b["completions_per_s"]
     print(f"stream / batch, completions per second: {ratio:.2f}x", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    name = f"{a.backend}-{Path(a.model).name}-slots{a.slots}-k{a.group_size}.json"
+    name = f"{a.backend}-{Path(a.model).name}-{a.device}-slots{a.slots}-k{a.group_size}.json"
     (a.out / name).write_text(json.dumps({"setup": setup, "results": results, "ratio": ratio}, indent=1) + "\n")
 
 
