@@ -15,7 +15,8 @@ by both ways, each way for ``--seconds`` (what finished by then counts: a search
 of prompts, so the batch way's idle tail recurs every batch and the stream's never comes).
 Printed per way: completions and tokens per second, how full the engine was (prompts in flight per
 engine step against ``--slots``), and group latency (submitted to finished) p50 / p95.
-``--backend hf`` runs Hugging Face ``generate`` (the stream there is refill batches of ``--refill``
+``--backend hf`` runs Hugging Face: the batch way ``generate`` calls of ``--slots`` prompts, the
+stream transformers' continuous batching (``--hf-stream refill``: ``generate`` calls of ``--refill``
 prompts). Results also go to ``--out`` as JSON.
 """
 
@@ -52,12 +53,16 @@ def model_path(name: str, tmp: Path) -> str:
 
         build_model(tmp, "0.5b" if name == "qwen0.5b" else "tiny")
         return str(tmp)
-    if name == "tiny":  # the demo's tokenizer on a random Llama with 32-wide heads (vLLM's CPU attention)
+    if name in ("tiny", "tiny30m"):  # random Llamas with 32- and 64-wide heads (vLLM's CPU attention)
         from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
 
-        tokenizer = build_char_tokenizer()
+        tokenizer = build_char_tokenizer(8192 if name == "tiny30m" else None)
         torch.manual_seed(0)
-        spec = TinySpec(hidden_size=64, layers=2, heads=2, intermediate_size=128, max_positions=1024)
+        spec = (
+            TinySpec(hidden_size=512, layers=8, heads=8, intermediate_size=1408, max_positions=1024)
+            if name == "tiny30m"  # 29.9M parameters
+            else TinySpec(hidden_size=64, layers=2, heads=2, intermediate_size=128, max_positions=1024)
+        )
         build_tiny_llama(tokenizer, spec).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         return str(tmp)
@@ -84,6 +89,8 @@ def run(stream, prompts: list[list[int]], todo: list[int], slots: int, mode: str
             done += 1
     wall = time.perf_counter() - start
     stream.abort()  # what is still in flight does not count
+    if hasattr(stream, "close"):
+        stream.close()
     latencies.sort()
     return {
         "mode": mode,
@@ -115,6 +122,10 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--refill", type=int, default=4, help="hf stream: prompts per refill batch")
+    p.add_argument(
+        "--hf-stream", choices=["continuous", "refill"], default="continuous",
+        help="hf stream: transformers' continuous batching, or generate calls of --refill prompts",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--kv-cache-gb", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
@@ -126,7 +137,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tba.generation.base import SamplingParams
-    from tba.generation.stream import HFStream, VLLMStream
+    from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -155,7 +166,9 @@ def main() -> None:
         gen.version = 0
         ways = {
             "batch": lambda: HFStream(gen, params, refill=a.slots),
-            "stream": lambda: HFStream(gen, params, refill=a.refill),
+            "stream": (lambda: HFContinuousStream(gen, params, a.slots, seed=a.seed))
+            if a.hf_stream == "continuous"
+            else lambda: HFStream(gen, params, refill=a.refill),
         }
     setup = {k: v for k, v in vars(a).items() if k != "out"} | {"mean_len": statistics.mean(todo)}
     print(json.dumps(setup), flush=True)
@@ -170,7 +183,8 @@ def main() -> None:
     ratio = s["completions_per_s"] / b["completions_per_s"]
     print(f"stream / batch, completions per second: {ratio:.2f}x", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    name = f"{a.backend}-{Path(a.model).name}-{a.device}-slots{a.slots}-k{a.group_size}.json"
+    engine = f"-{a.hf_stream}" if a.backend == "hf" else ""
+    name = f"{a.backend}{engine}-{Path(a.model).name}-{a.device}-slots{a.slots}-k{a.group_size}.json"
     (a.out / name).write_text(json.dumps({"setup": setup, "results": results, "ratio": ratio}, indent=1) + "\n")
 
 

@@ -8,7 +8,7 @@ import torch
 
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.generation.stream import HFStream
+from tba.generation.stream import HFContinuousStream, HFStream, hf_continuous_problem
 
 
 def _prompts(tokenizer) -> list[list[int]]:
@@ -276,3 +276,88 @@ def test_scoring_pool_returns_results_gives_up_at_deadlines_and_raises_call_erro
     with pytest.raises(ValueError, match="worker"):
         ScoringPool(workers=0)
     pool.close()
+
+
+# ---------------------------------------------------------------- transformers' continuous batching
+
+
+def test_hf_continuous_stream_groups_leave_as_they_finish_with_set_lengths(tiny_model, tokenizer):
+    gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
+    gen.version = 3
+    stream = HFContinuousStream(gen, SamplingParams(n=3, temperature=1.0, max_new_tokens=8), max_in_flight=4)
+    try:
+        lengths = {0: 40, 1: 3, 2: None, 3: 12}
+        for key, ids in zip(lengths, _prompts(tokenizer), strict=False):
+            stream.submit(key, ids, length=lengths[key])
+        assert stream.in_flight() == 4
+        order, seen = [], {}
+        while stream.in_flight():
+            for f in stream.advance():
+                order.append(f.key)
+                seen[f.key] = f
+        # the short ones first, the 40-token group last: out of submission order
+        assert order[-1] == 0 and order.index(1) < order.index(3) and sorted(order) == [0, 1, 2, 3]
+        for key, n in lengths.items():
+            f = seen[key]
+            assert len(f.completions) == 3 and (f.oldest_version, f.newest_version) == (3, 3)
+            if n is None:  # its own end: at most max_new_tokens, finished iff it ends with EOS
+                assert all(1 <= len(c.token_ids) <= 8 for c in f.completions)
+                assert all(c.finished == (c.token_ids[-1] == tokenizer.eos_token_id) for c in f.completions)
+            else:
+                assert [len(c.token_ids) for c in f.completions] == [n] * 3
+        # weights loaded with requests in flight (paused engine) reach the requests that follow
+        stream.submit("long", _prompts(tokenizer)[0], length=60)
+        assert stream.load_weights(tiny_model.state_dict(), version=4, mode="in_flight") == []
+        stream.submit("after", _prompts(tokenizer)[1], length=2)
+        out = {}
+        while stream.in_flight():
+            out.update({f.key: f for f in stream.advance()})
+        assert (out["long"].oldest_version, out["long"].newest_version) == (3, 4)
+        assert (out["after"].oldest_version, out["after"].newest_version) == (4, 4)
+        stream.submit("x", _prompts(tokenizer)[2], length=50)
+        assert stream.abort() == ["x"] and stream.in_flight() == 0
+    finally:
+        stream.close()
+
+
+def test_hf_continuous_stream_says_what_it_cannot_serve(tiny_model, tokenizer):
+    gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
+    assert hf_continuous_problem(gen, SamplingParams(n=2)) is None
+    assert "log-probs" in hf_continuous_problem(gen, SamplingParams(n=2, logprobs=True))
+    assert "min_new_tokens" in hf_continuous_problem(gen, SamplingParams(n=2, min_new_tokens=3))
+    with pytest.raises(ValueError, match="log-probs"):
+        HFContinuousStream(gen, SamplingParams(n=2, logprobs=True), max_in_flight=2)
+
+
+def test_streaming_searcher_on_continuous_batching_accounts_for_every_prompt(tiny_model, tokenizer):
+    from tba.searcher import StreamingSearcher
+    from tba.tasks.arithmetic import ArithmeticTask
+    from tba.weights import LocalWeightStore
+
+    torch.manual_seed(0)
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    eos = {tokenizer.eos_token_id}
+    sampler = type(tiny_model)(tiny_model.config).eval()
+    gen = HFGenerator(sampler, tokenizer.pad_token_id, eos)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    searcher = StreamingSearcher(
+        ArithmeticTask(digits=1, operators="+-", eval_size=10), tokenizer, gen, tiny_model, weights, params, 6, eos,
+        stream=HFContinuousStream(gen, params, max_in_flight=6), max_in_flight=6, weight_update="in_flight",
+        min_groups_out=2,
+    )  # fmt: skip
+    try:
+        versions = set()
+        for i in range(8):
+            if i == 4:
+                weights.publish(tiny_model.state_dict(), 2)
+            groups = searcher.step()
+            assert len(groups) >= 2 and all(2 <= len(g.completions) <= 4 for g in groups)
+            versions |= {(g.policy_version, g.newest_version or g.policy_version) for g in groups}
+            m = searcher.metrics()
+            assert m["searcher/prompts_taken"] == (
+                m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+            )
+        assert (0, 0) in versions and any(newest == 2 for _, newest in versions)
+    finally:
+        searcher.close()

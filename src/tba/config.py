@@ -415,6 +415,12 @@ class GenerationConfig(_Section):
     """How a streaming searcher loads new weights: ``in_flight`` between two engine steps, the
     prompts in flight going on with them (a group then holds tokens of more than one version; its
     lag counts from the oldest); ``drain``: after finishing the prompts in flight."""
+    hf_stream: Literal["continuous", "refill"] = "continuous"
+    """``backend: hf`` with ``stream`` in the ray runtime: ``continuous``, transformers' continuous
+    batching (requests enter and leave one by one; falls back to ``refill`` with a warning where it
+    cannot serve: a LoRA policy, an objective that needs sampler log-probs, ``min_new_tokens``, an
+    older transformers); ``refill``: ``generate`` calls over ``refill`` prompts at a time. The sync
+    runtime always refills (its step's whole batch in one call: same random draws on resume)."""
     refill: int | None = Field(None, ge=1)
     """``backend: hf`` with ``stream``: prompts per ``generate`` call (HF has no request-level
     engine); default: a quarter of ``max_in_flight`` in the ray runtime, ``prompts_per_batch`` in sync."""

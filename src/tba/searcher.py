@@ -496,6 +496,8 @@ class StreamingSearcher(Searcher):
         """Stop the engine's requests and the threads; what was in flight stays counted in
         ``searcher/in_flight``."""
         self._aborted += len(self.stream.abort())
+        if hasattr(self.stream, "close"):
+            self.stream.close()
         self.pool.close()
         if self._ref_thread is not None:
             self._ref_thread.shutdown(wait=False, cancel_futures=True)

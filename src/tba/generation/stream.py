@@ -18,20 +18,28 @@ tokens (:class:`Finished`), so lag can be counted from the oldest.
   weight version produced). New prompts are salted with the weight version in vLLM's prefix cache,
   so a prefix cached under old weights is never reused under new ones (the cache cannot be reset
   while requests run).
-- :class:`HFStream`: Hugging Face ``generate`` has no request-level engine, so a stream over it
-  generates the waiting prompts in refill batches of ``refill`` prompts: short batches drain
-  sooner than one large batch, at the cost of fewer sequences per forward pass.
+- :class:`HFContinuousStream`: transformers' own continuous batching (``init_continuous_batching``:
+  a generation thread over a paged KV cache, requests added and finished one by one; on CPU it
+  packs every sequence of a step into one row with a block-diagonal mask). Weights load with the
+  engine paused between two of its steps (``in_flight``) or after it emptied (``drain``).
+- :class:`HFStream`: over plain ``generate``, the waiting prompts in refill batches of ``refill``
+  prompts: short batches drain sooner than one large batch, at the cost of fewer sequences per
+  forward pass. What the continuous engine cannot do falls back to it (see
+  :func:`hf_continuous_problem`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
 from tba.generation.base import Completion, SamplingParams
+from tba.models.logprobs import truncate_at_eos
 
 WeightUpdate = Literal["drain", "in_flight"]
 
@@ -115,6 +123,132 @@ class VLLMStream:
             self.engine.abort_request(list(self._requests))
         self._requests.clear()
         return keys
+
+
+def hf_continuous_problem(generator, params: SamplingParams) -> str | None:
+    """Why transformers' continuous batching cannot serve this stream (None: it can)."""
+    try:
+        from transformers.generation import ContinuousBatchingConfig  # noqa: F401
+    except ImportError:
+        return "this transformers has no continuous batching (ContinuousBatchingConfig)"
+    if not hasattr(generator.model, "init_continuous_batching"):
+        return "the model has no init_continuous_batching"
+    if hasattr(generator.model, "peft_config"):
+        return "a LoRA policy (its reference is the same module, adapter off, called between engine steps)"
+    if params.logprobs:
+        return "the objective needs the sampler's token log-probs (computed teacher-forced, as the trainer does)"
+    if params.min_new_tokens:
+        return "generation.min_new_tokens (continuous batching has no minimum length)"
+    return None
+
+
+class HFContinuousStream:
+    """Continuous generation on transformers' continuous batching engine (a thread of its own)."""
+
+    def __init__(self, generator, params: SamplingParams, max_in_flight: int, seed: int = 0, page_size: int = 16):
+        from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
+
+        problem = hf_continuous_problem(generator, params)
+        if problem or params.greedy:
+            raise ValueError(f"continuous batching cannot serve this stream: {problem or 'greedy generation'}")
+        self.generator, self.params = generator, params
+        self.eos = sorted(generator.eos_ids)
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            max_new_tokens=params.max_new_tokens,
+            # K requests per prompt, not forks of one: a fork takes the engine-wide length and end
+            # ids, not its parent's (transformers 5.24), and set lengths must hold for every sample
+            num_return_sequences=1,
+            eos_token_id=self.eos,
+            pad_token_id=generator.pad_id,
+        )
+        sequences = max_in_flight * params.n
+        # a KV cache for every sequence in flight at a prompt of up to 256 tokens; longer ones wait for room
+        blocks = sequences * math.ceil((256 + params.max_new_tokens) / page_size) + 16
+        cb = ContinuousBatchingConfig(
+            num_blocks=blocks, page_size=page_size, max_batch_tokens=512, max_requests_per_batch=sequences, seed=seed
+        )
+        generator.model.eval()
+        self.manager = generator.model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
+        self.manager.start()
+        self._ids = itertools.count()
+        # request id -> [key, version at submission, {sample's request id: output}, set length]
+        self._requests: dict[str, list] = {}
+
+    @property
+    def version(self) -> int:
+        return getattr(self.generator, "version", -1)
+
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    def submit(self, key, prompt_ids: list[int], length: int | None = None) -> None:
+        request_id = f"s{next(self._ids)}"
+        extra = {} if length is None else {"max_new_tokens": length, "eos_token_id": -1}  # every end id held back
+        for j in range(self.params.n):
+            if self.manager.add_request(list(prompt_ids), request_id=f"{request_id}#{j}", **extra) is None:
+                raise RuntimeError("the continuous batching engine refused a request (stopped or failed): see its log")
+        self._requests[request_id] = [key, self.version, {}, length]
+
+    def advance(self, wait_s: float = 0.05) -> list[Finished]:
+        """The groups whose last completion has come out (waits up to ``wait_s`` for the first result)."""
+        if not self._requests:
+            return []
+        finished, deadline = [], time.monotonic() + wait_s
+        while True:
+            result = self.manager.get_result(timeout=max(0.0, deadline - time.monotonic()))
+            if result is None:
+                if not self.manager.is_running():
+                    raise RuntimeError("the continuous batching engine stopped with requests in flight: see its log")
+                return finished
+            parent = result.request_id.split("#")[0]
+            entry = self._requests.get(parent)
+            if entry is None or not result.is_finished():
+                continue
+            if result.error is not None:
+                raise RuntimeError(f"continuous batching failed on request {parent}: {result.error}")
+            entry[2][result.request_id] = result
+            if len(entry[2]) == self.params.n:
+                del self._requests[parent]
+                key, submitted, outputs, length = entry
+                completions = [self._completion(outputs[f"{parent}#{j}"], length) for j in range(self.params.n)]
+                finished.append(Finished(key, completions, submitted, self.version))
+                deadline = time.monotonic()  # one more sweep without waiting, then return
+
+    def _completion(self, result, length: int | None) -> Completion:
+        if length is not None:  # ran to its set length; an end id sampled on the way is a token like any
+            return Completion(list(result.generated_tokens)[:length], False)
+        tokens = truncate_at_eos(list(result.generated_tokens), set(self.eos))
+        return Completion(tokens, bool(tokens) and tokens[-1] in self.eos)
+
+    def load_weights(self, state_dict, version: int, mode: WeightUpdate) -> list[Finished]:
+        """``in_flight``: with the engine paused between two of its steps (sequences in flight keep the
+        KV cache of the old weights and go on with the new ones); ``drain``: once every prompt in
+        flight has come out (their groups are returned)."""
+        done = []
+        if mode == "drain":
+            while self._requests:
+                done += self.advance(wait_s=0.5)
+        with self.manager.pause():
+            self.generator.load_weights(state_dict, version)
+        return done
+
+    def abort(self) -> list[object]:
+        keys = []
+        for request_id, (key, *_) in self._requests.items():
+            keys.append(key)
+            for j in range(self.params.n):
+                self.manager.cancel_request(f"{request_id}#{j}")
+        self._requests.clear()
+        return keys
+
+    def close(self) -> None:
+        self.abort()
+        self.manager.stop(block=True, timeout=30, hard_stop=True)
 
 
 class HFStream:

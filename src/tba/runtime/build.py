@@ -4,6 +4,7 @@ build through here, so the sync and ray runtimes train the same thing."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
-from tba.generation.stream import HFStream, VLLMStream
+from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream, hf_continuous_problem
 from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator, check_vllm_backend
 from tba.models.loading import (
     check_causal_lm,
@@ -196,7 +197,12 @@ def make_searcher(
         if g.backend == "vllm":
             engine = generator.engine if isinstance(generator, MergedLoraGenerator) else generator
             stream = VLLMStream(engine, params, loader=generator)
+        elif not exact and g.hf_stream == "continuous" and (why := hf_continuous_problem(generator, params)) is None:
+            stream = HFContinuousStream(generator, params, in_flight, seed=cfg.run.seed * 1000 + searcher_id)
         else:
+            if not exact and g.hf_stream == "continuous":
+                msg = f"generation.hf_stream=continuous cannot serve this run ({why}); refilling instead"
+                warnings.warn(msg, stacklevel=2)
             stream = HFStream(generator, params, refill=g.refill or (in_flight if exact else quarter))
         kind = StreamingSearcher
         streaming = {
