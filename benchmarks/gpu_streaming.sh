@@ -8,7 +8,8 @@
 #   BUDGET=540 OUT=/tmp/gpu-streaming bash benchmarks/gpu_streaming.sh
 #
 # SKIP_PYTEST=1 leaves the tests out; HF_STREAM=refill measures refill batches instead of
-# transformers' continuous batching; SECONDS_PER_WAY (default 60) per way of the engine bench.
+# transformers' continuous batching; SECONDS_PER_WAY (default 60) per way of the engine bench;
+# DEMO_MODES="true" runs only the streaming demo.
 set -u
 OUT=${OUT:-runs/gpu-streaming}
 BUDGET=${BUDGET:-540}
@@ -43,7 +44,7 @@ timeout $((2 * SECONDS_PER_WAY + 100)) $PY benchmarks/bench_streaming.py --backe
   --dtype bfloat16 --slots 16 --refill 4 --hf-stream "${HF_STREAM:-continuous}" --max-len 512 --seconds "$SECONDS_PER_WAY" --out "$OUT" > "$OUT/bench_streaming.txt" 2>&1
 echo "exit $?"; grep -v Loading "$OUT/bench_streaming.txt" | tail -4
 
-for mode in false true; do
+for mode in ${DEMO_MODES:-false true}; do
   lim=$(( $(left) / 2 - 10 )); [ "$mode" = true ] && lim=$(( $(left) - 15 ))
   echo "== demo, ray, generation.stream=$mode ($(left) s left, limit $lim s)"
   s0=$(date +%s)

@@ -3,6 +3,8 @@ run in their own process (``tests/vllm_checks.py --stream``, from ``tests/test_v
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -305,14 +307,16 @@ def test_hf_continuous_stream_groups_leave_as_they_finish_with_set_lengths(tiny_
                 assert all(c.finished == (c.token_ids[-1] == tokenizer.eos_token_id) for c in f.completions)
             else:
                 assert [len(c.token_ids) for c in f.completions] == [n] * 3
-        # weights loaded with requests in flight (paused engine) reach the requests that follow
+        # weights loaded with requests in flight (paused engine) reach the requests that follow; a
+        # transformers that cannot pause its engine (before 5.2x) drains it first
         stream.submit("long", _prompts(tokenizer)[0], length=60)
-        assert stream.load_weights(tiny_model.state_dict(), version=4, mode="in_flight") == []
+        out = {f.key: f for f in stream.load_weights(tiny_model.state_dict(), version=4, mode="in_flight")}
+        pauses = hasattr(stream.manager, "pause")
+        assert list(out) == ([] if pauses else ["long"])
         stream.submit("after", _prompts(tokenizer)[1], length=2)
-        out = {}
         while stream.in_flight():
             out.update({f.key: f for f in stream.advance()})
-        assert (out["long"].oldest_version, out["long"].newest_version) == (3, 4)
+        assert (out["long"].oldest_version, out["long"].newest_version) == ((3, 4) if pauses else (3, 3))
         assert (out["after"].oldest_version, out["after"].newest_version) == (4, 4)
         stream.submit("x", _prompts(tokenizer)[2], length=50)
         assert stream.abort() == ["x"] and stream.in_flight() == 0
@@ -338,7 +342,8 @@ def test_streaming_searcher_on_continuous_batching_accounts_for_every_prompt(tin
     weights = LocalWeightStore()
     weights.publish(tiny_model.state_dict(), 0)
     eos = {tokenizer.eos_token_id}
-    sampler = type(tiny_model)(tiny_model.config).eval()
+    # a config of its own: continuous batching switches its model's attention (in its config)
+    sampler = type(tiny_model)(copy.deepcopy(tiny_model.config)).eval()
     gen = HFGenerator(sampler, tokenizer.pad_token_id, eos)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
     searcher = StreamingSearcher(

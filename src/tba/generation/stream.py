@@ -30,6 +30,7 @@ tokens (:class:`Finished`), so lag can be counted from the oldest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -169,9 +170,10 @@ class HFContinuousStream:
         sequences = max_in_flight * params.n
         # a KV cache for every sequence in flight at a prompt of up to 256 tokens; longer ones wait for room
         blocks = sequences * math.ceil((256 + params.max_new_tokens) / page_size) + 16
-        cb = ContinuousBatchingConfig(
-            num_blocks=blocks, page_size=page_size, max_batch_tokens=512, max_requests_per_batch=sequences, seed=seed
-        )
+        settings = {"num_blocks": blocks, "max_batch_tokens": 512, "max_requests_per_batch": sequences, "seed": seed}
+        fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        settings["page_size" if "page_size" in fields else "block_size"] = page_size  # block_size before 5.2x
+        cb = ContinuousBatchingConfig(**{k: v for k, v in settings.items() if k in fields})
         generator.model.eval()
         self.manager = generator.model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
         self.manager.start()
@@ -230,10 +232,11 @@ class HFContinuousStream:
         KV cache of the old weights and go on with the new ones); ``drain``: once every prompt in
         flight has come out (their groups are returned)."""
         done = []
-        if mode == "drain":
+        pause = getattr(self.manager, "pause", None)  # transformers before 5.2x cannot pause: drain instead
+        if mode == "drain" or pause is None:
             while self._requests:
                 done += self.advance(wait_s=0.5)
-        with self.manager.pause():
+        with pause() if pause is not None else contextlib.nullcontext():
             self.generator.load_weights(state_dict, version)
         return done
 
