@@ -19,6 +19,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "objectives": 1,
     "buffer": 1,
     "rewards": 1,
+    "scoring": 1,
     "grading": 1,
     "eval_metrics": 1,
     "tasks": 2,

@@ -78,6 +78,7 @@ def cache_root(cache_dir: str | None = None) -> Path:
 def tiny_model_path(task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC) -> Path:
     """Where the demo checkpoint of this arithmetic setting is cached: named by a hash of the setting."""
     setting = task_cfg.model_dump()
+    setting.pop("reward_timeout", None)  # how rewards are run, not what the model learns
     for name, default in (("terms", 2), ("show_work", False)):  # settings added later: keep the old caches' keys
         if setting.get(name) == default:
             setting.pop(name, None)
