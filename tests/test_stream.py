@@ -151,6 +151,18 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
     cfg = load_config(None, ["--generation.stream=true", "--generation.weight_update=drain"])
     assert (cfg.generation.max_in_flight, cfg.generation.weight_update) == (None, "drain")
 
+    def streams(*args):
+        cfg = load_config(None, list(args))
+        return cfg.generation.streams(cfg.runtime.type)
+
+    # auto: the ray runtime streams long completions only; true and false are kept as given
+    assert streams("--generation.max_new_tokens=256") and not streams("--generation.max_new_tokens=255")
+    assert not streams()  # the demo: 8 tokens
+    assert not streams("--runtime.type=sync", "--generation.max_new_tokens=512")
+    assert not streams("--generation.max_new_tokens=512", "--generation.explore_prob=0.3")
+    assert streams("--runtime.type=sync", "--generation.stream=true")
+    assert not streams("--generation.max_new_tokens=512", "--generation.stream=false")
+
 
 class _NumberedTask:
     """The arithmetic task with each prompt taken numbered (``n<i>:`` in its id), and a reward that
@@ -366,3 +378,23 @@ def test_streaming_searcher_on_continuous_batching_accounts_for_every_prompt(tin
         assert (0, 0) in versions and any(newest == 2 for _, newest in versions)
     finally:
         searcher.close()
+
+
+def test_streaming_searcher_fails_loudly_when_its_reward_worker_raises(tiny_model, tokenizer):
+    """Not a per-sample problem (those are counted): the task's reward call itself breaks. The step
+    raises it, so the runtime ends the run with the searcher's traceback (tba.runtime.restarts)."""
+    from tba.tasks.arithmetic import ArithmeticTask
+    from tba.weights import LocalWeightStore
+
+    class Broken(ArithmeticTask):
+        def rewards(self, prompts, completions, completion_ids, stats):
+            raise RuntimeError("the grader's connection broke")
+
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    task = Broken(digits=1, operators="+-", eval_size=10)
+    searcher = _streaming_searcher(tiny_model, tokenizer, weights, task=task, refill=1, min_out=1)
+    with pytest.raises(RuntimeError, match="grader's connection broke"):
+        for _ in range(5):
+            searcher.step()
+    searcher.close()

@@ -402,13 +402,16 @@ class GenerationConfig(_Section):
     """Range of exploring top-p values."""
     unfinished_reward: float | None = None
     """Reward for completions without EOS (e.g. -1 as for TL;DR); default: the task's reward."""
-    stream: bool = False
+    stream: bool | Literal["auto"] = "auto"
     """Continuous generation (``tba.searcher.StreamingSearcher``): in the ray runtime the engine
     keeps ``max_in_flight`` prompts going, each prompt's group leaves as soon as its last completion
     finishes and a new prompt takes its place; in the sync runtime a step's ``prompts_per_batch``
     prompts enter together and each group is scored as it finishes, while the rest generate (the
-    step still trains on exactly them). Off: whole batches, scored after the last completion. Not
-    with ``explore_prob`` (which draws settings per batch)."""
+    step still trains on exactly them). Off: whole batches, scored after the last completion.
+    ``auto``: on in the ray runtime when completions may be long (``max_new_tokens`` >= 256, where
+    a batch's long tail idles the engine), off otherwise and where it cannot serve
+    (``explore_prob``, ``vllm.sleep``). ``true`` takes no ``explore_prob`` (which draws settings per
+    batch)."""
     max_in_flight: int | None = Field(None, ge=1)
     """Prompts a streaming searcher keeps in its engine (ray runtime); default: ``prompts_per_batch``."""
     weight_update: Literal["drain", "in_flight"] = "in_flight"
@@ -427,6 +430,14 @@ class GenerationConfig(_Section):
     reward_workers: int = Field(4, ge=1)
     """With ``stream``: threads that score the groups leaving the engine while it goes on (reward
     functions must be thread-safe above 1)."""
+
+    def streams(self, runtime: str) -> bool:
+        """``stream`` with ``auto`` resolved for ``runtime`` (``runtime.type``)."""
+        if self.stream != "auto":
+            return self.stream
+        return (
+            runtime == "ray" and self.max_new_tokens >= 256 and self.explore_prob == 0 and self.vllm.sleep is not True
+        )
 
     @model_validator(mode="after")
     def _check_samples(self) -> GenerationConfig:
@@ -817,13 +828,13 @@ class Config(_Section):
                         f"{key} controls staleness in the sync runtime, where generation and training "
                         "alternate; set runtime.type=sync"
                     )
-        if self.generation.stream and self.generation.backend == "vllm" and self.generation.vllm.sleep:
+        if self.generation.stream is True and self.generation.backend == "vllm" and self.generation.vllm.sleep:
             raise ValueError(
                 "generation.stream with generation.vllm.sleep=true: sleep mode frees the engine's KV cache "
                 "between generation calls, which would abort a stream's requests in flight; a streaming "
                 "searcher keeps its engine awake: set generation.vllm.sleep=false"
             )
-        if self.generation.stream and self.generation.explore_prob > 0:
+        if self.generation.stream is True and self.generation.explore_prob > 0:
             raise ValueError(
                 "generation.stream takes no generation.explore_prob: exploration draws its settings per "
                 "batch, and a stream has no batches; set one of them off"
