@@ -151,12 +151,14 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
     cfg = load_config(None, ["--generation.stream=true", "--generation.weight_update=drain"])
     assert (cfg.generation.max_in_flight, cfg.generation.weight_update) == (None, "drain")
 
-    def streams(*args):
+    def streams(*args, device="cuda"):
         cfg = load_config(None, list(args))
-        return cfg.generation.streams(cfg.runtime.type)
+        return cfg.generation.streams(cfg.runtime.type, device)
 
-    # auto: the ray runtime streams long completions only; true and false are kept as given
+    # auto: the ray runtime streams long completions on vLLM or a GPU; true and false are kept as given
     assert streams("--generation.max_new_tokens=256") and not streams("--generation.max_new_tokens=255")
+    assert not streams("--generation.max_new_tokens=512", device="cpu")  # HF continuous batching on a CPU
+    assert streams("--generation.max_new_tokens=512", "--generation.backend=vllm", device="cpu")
     assert not streams()  # the demo: 8 tokens
     assert not streams("--runtime.type=sync", "--generation.max_new_tokens=512")
     assert not streams("--generation.max_new_tokens=512", "--generation.explore_prob=0.3")

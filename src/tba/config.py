@@ -409,9 +409,9 @@ class GenerationConfig(_Section):
     prompts enter together and each group is scored as it finishes, while the rest generate (the
     step still trains on exactly them). Off: whole batches, scored after the last completion.
     ``auto``: on in the ray runtime when completions may be long (``max_new_tokens`` >= 256, where
-    a batch's long tail idles the engine), off otherwise and where it cannot serve
-    (``explore_prob``, ``vllm.sleep``). ``true`` takes no ``explore_prob`` (which draws settings per
-    batch)."""
+    a batch's long tail idles the engine) and the engine is vLLM or on a GPU; off otherwise and
+    where it cannot serve (``explore_prob``, ``vllm.sleep``). ``true`` takes no ``explore_prob``
+    (which draws settings per batch)."""
     max_in_flight: int | None = Field(None, ge=1)
     """Prompts a streaming searcher keeps in its engine (ray runtime); default: ``prompts_per_batch``."""
     weight_update: Literal["drain", "in_flight"] = "in_flight"
@@ -431,13 +431,15 @@ class GenerationConfig(_Section):
     """With ``stream``: threads that score the groups leaving the engine while it goes on (reward
     functions must be thread-safe above 1)."""
 
-    def streams(self, runtime: str) -> bool:
-        """``stream`` with ``auto`` resolved for ``runtime`` (``runtime.type``)."""
+    def streams(self, runtime: str, device_type: str) -> bool:
+        """``stream`` with ``auto`` resolved for ``runtime`` (``runtime.type``) on ``device_type``."""
         if self.stream != "auto":
             return self.stream
-        return (
-            runtime == "ray" and self.max_new_tokens >= 256 and self.explore_prob == 0 and self.vllm.sleep is not True
-        )
+        # HF's continuous batching on a CPU attends over every sequence in flight at once (a packed
+        # row, a block-diagonal mask): slower than padded batches there
+        engine = self.backend == "vllm" or device_type == "cuda"
+        long = self.max_new_tokens >= 256
+        return runtime == "ray" and engine and long and self.explore_prob == 0 and self.vllm.sleep is not True
 
     @model_validator(mode="after")
     def _check_samples(self) -> GenerationConfig:

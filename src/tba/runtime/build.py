@@ -190,7 +190,7 @@ def make_searcher(
         logprobs=cfg.objective.needs_sampler_logps,
     )
     kind, streaming = Searcher, {}
-    if g.streams(cfg.runtime.type):
+    if g.streams(cfg.runtime.type, resolve_device(cfg.run.device).type):
         exact = cfg.runtime.type == "sync"  # each step: its batch's prompts, all of them to the end
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
