@@ -146,3 +146,23 @@ def test_sigterm_stops_a_sync_run_and_keeps_its_files(tmp_path, cache_dir):
     assert proc.returncode == 143, stderr[-3000:]  # not -15: the handler ran and the run unwound
     assert "terminated (SIGTERM); what was written to the run directory is kept" in stderr
     assert len(read_metrics(metrics)) >= 5
+
+
+def test_sigterm_is_remembered_even_if_its_exception_comes_back_as_a_plain_interrupt():
+    """A Terminated raised while Ray waits in native code may surface as KeyboardInterrupt; the
+    exit status reads the handler's record instead (143, not Ctrl-C's 130)."""
+    import os
+    import signal
+
+    from tba import errors
+
+    old = errors.interrupt_on_sigterm()
+    try:
+        assert not errors.sigterm_received()
+        with pytest.raises(errors.Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary for the handler to run at
+        assert errors.sigterm_received()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        errors._SIGTERM.clear()

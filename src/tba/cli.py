@@ -17,7 +17,7 @@ import sys
 
 from tba import __version__, allocator
 from tba.config import ConfigError, dump_config, load_config
-from tba.errors import Terminated, UserError, interrupt_on_sigterm, report
+from tba.errors import Terminated, UserError, interrupt_on_sigterm, report, sigterm_received
 from tba.runtime.errors import RunFailed
 
 USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--debug]
@@ -91,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as err:
         # the shell's convention: 128 + the signal's number (SIGINT 2, SIGTERM 15)
-        stopped = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        terminated = isinstance(err, Terminated) or sigterm_received()
+        stopped = "terminated (SIGTERM)" if terminated else "interrupted"
         print(f"tba: {stopped}; what was written to the run directory is kept", file=sys.stderr)
-        return 143 if isinstance(err, Terminated) else 130
+        return 143 if terminated else 130
     finally:
         if old_sigterm is not None:
             signal.signal(signal.SIGTERM, old_sigterm)

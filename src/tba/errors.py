@@ -46,6 +46,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the run is so that it unwinds like Ctrl-C; ``tba train`` exits 143."""
 
 
+_SIGTERM = threading.Event()
+
+
+def sigterm_received() -> bool:
+    """Whether :func:`interrupt_on_sigterm`'s handler has run in this process. A :class:`Terminated`
+    raised while Ray waits in native code can come back as a plain ``KeyboardInterrupt``: the exit
+    status asks this, not the exception's type."""
+    return _SIGTERM.is_set()
+
+
 def interrupt_on_sigterm():
     """Make SIGTERM unwind the run like Ctrl-C (``finally`` blocks run: logs closed, Ray shut down)
     by raising :class:`Terminated`; returns the previous handler (None off the main thread)."""
@@ -53,6 +63,7 @@ def interrupt_on_sigterm():
         return None
 
     def terminate(signum, frame):
+        _SIGTERM.set()
         raise Terminated(f"signal {signum}")
 
     return signal.signal(signal.SIGTERM, terminate)

@@ -358,7 +358,7 @@ class StreamingSearcher(Searcher):
         self.exact = exact  # the sync runtime's step: max_in_flight prompts taken together, all finished
         self.pool = ScoringPool(reward_workers, self.reward_timeout)
         self._ref_thread = ThreadPoolExecutor(1, thread_name_prefix="tba-reference") if reference_thread else None
-        self._ref_job: tuple[Future, int] | None = None  # (reference pass in flight, its prompts)
+        self._ref_job: Future | None = None  # the reference pass in flight
         self._scored: list = []  # (Finished, kept completions) scored, waiting for the reference pass
         self._out: list[tuple[RolloutGroup, float]] = []  # (group, time its prompt was taken), ready to send
         self._after_engine = 0  # prompts out of the engine, not yet sent or dropped
@@ -461,12 +461,12 @@ class StreamingSearcher(Searcher):
                 batch, self._scored = self._scored, []
                 self._out += self._ref_pass(batch)
             return
-        if self._ref_job is not None and (wait or self._ref_job[0].done()):
+        if self._ref_job is not None and (wait or self._ref_job.done()):
             job, self._ref_job = self._ref_job, None
-            self._out += job[0].result()  # an exception of the pass is raised here
+            self._out += job.result()  # an exception of the pass is raised here
         if self._ref_job is None and self._scored:
             batch, self._scored = self._scored, []
-            self._ref_job = (self._ref_thread.submit(self._ref_pass, batch), len(batch))
+            self._ref_job = self._ref_thread.submit(self._ref_pass, batch)
 
     def _ref_pass(self, batch) -> list[tuple[RolloutGroup, float]]:
         versions = [(f.oldest_version, f.newest_version) for f, _ in batch]
