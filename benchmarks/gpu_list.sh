@@ -15,28 +15,11 @@ start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 mkdir -p "$OUT"
 work=${WORK:-/tmp/tba-gpu}
-PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 DEMO_ARGS=${DEMO_ARGS:-}    # e.g. "--trainer.steps=20"
 BENCH_ARGS=${BENCH_ARGS:-}  # e.g. "--shape tiny --new-tokens 16" for a smoke run on a CPU
 mkdir -p "$work"
-if [ -d .whl ] && [ -z "${NO_WHL:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src:$PWD
-else
-  export PYTHONPATH=$PWD/src:$PWD
-fi
-export PYTHONUNBUFFERED=1
-# the demo's warm-started model, when it was brought along (else the demo builds it first)
-[ -d .gpucache ] && export TBA_CACHE=$PWD/.gpucache
-
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  $PY -c "import sys, torch, transformers, ray; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'ray', ray.__version__)"
-  nproc
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+. benchmarks/gpu_env.sh
 
 # 1. the gpu tests, while the 0.5B model is built on the CPU
 $PY benchmarks/bench_gpu.py --out "$work/bench" --device $DEVICE $BENCH_ARGS --build-only > "$work/build.txt" 2>&1 &

@@ -17,21 +17,7 @@ SECONDS_PER_WAY=${SECONDS_PER_WAY:-60}
 start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-if [ -d .whl ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src:$PWD
-else
-  export PYTHONPATH=$PWD/src:$PWD
-fi
-export PYTHONUNBUFFERED=1
-[ -d .gpucache ] && export TBA_CACHE=$PWD/.gpucache
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+. benchmarks/gpu_env.sh
 
 if [ -z "${SKIP_PYTEST:-}" ]; then
   echo "== pytest -m gpu ($(left) s left)"
