@@ -117,11 +117,7 @@ class Searcher:
             self.version = held  # nothing published yet: the first step's pull loads the first version
 
     def step(self) -> list[RolloutGroup]:
-        self.pull_weights()
-        if self.version < 0:
-            raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
-        if self.started is None:
-            self.started = time.perf_counter()
+        self._begin_step()
         prompts = self.task.sample_prompts(self.prompts_per_batch, self.rng)
         prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
         start = time.perf_counter()
@@ -129,8 +125,16 @@ class Searcher:
         self.engine_s += time.perf_counter() - start
         kept = self._score(prompts, outputs)
         self._note_reward_mean(kept)
-        prompts, prompt_ids, kept, _ = self._drop_small(prompts, prompt_ids, kept)
+        prompts, prompt_ids, kept = self._drop_small(prompts, prompt_ids, kept)
         return self._with_ref_logps(prompts, prompt_ids, kept)
+
+    def _begin_step(self) -> None:
+        """Load the newest weights (there must be some) and start the engine's clock."""
+        self.pull_weights()
+        if self.version < 0:
+            raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
+        if self.started is None:
+            self.started = time.perf_counter()
 
     def _note_reward_mean(self, kept) -> None:
         """Mean reward of what was just sampled (before the buffer deduplicates anything): the
@@ -198,13 +202,12 @@ class Searcher:
             if reward is not None:
                 kept[i].append((out.token_ids, reward, out.finished, out.token_logps))
 
-    def _drop_small(self, prompts, prompt_ids, kept, versions=None):
+    def _drop_small(self, prompts, prompt_ids, kept):
         """Leave out (and count) the prompts with fewer than two usable completions: no learning
         signal for a group objective."""
         keep = [i for i, items in enumerate(kept) if len(items) >= 2]
         self.stats.dropped_groups += len(kept) - len(keep)
-        pick = lambda xs: [xs[i] for i in keep] if xs is not None else None  # noqa: E731
-        return pick(prompts), pick(prompt_ids), pick(kept), pick(versions)
+        return [prompts[i] for i in keep], [prompt_ids[i] for i in keep], [kept[i] for i in keep]
 
     @torch.no_grad()
     def _with_ref_logps(self, prompts, prompt_ids, kept, versions=None) -> list[RolloutGroup]:
@@ -363,7 +366,7 @@ class StreamingSearcher(Searcher):
         self._out: list[tuple[RolloutGroup, float]] = []  # (group, time its prompt was taken), ready to send
         self._after_engine = 0  # prompts out of the engine, not yet sent or dropped
         self._aborted = 0  # prompts in the engine when it was closed
-        self._rewards_seen: list[float] = []
+        self._kept_seen: list[list] = []  # usable completions of each group scored since the last step
         self.prompts_taken = self.groups_sent = 0
         self.last_versions_per_group = float("nan")
         self.latencies: deque[float] = deque(maxlen=512)  # taken → sent, seconds, of the latest groups
@@ -376,11 +379,7 @@ class StreamingSearcher(Searcher):
         return self.stream.in_flight() + self._after_engine + self._aborted
 
     def step(self) -> list[RolloutGroup]:
-        self.pull_weights()
-        if self.version < 0:
-            raise RuntimeError("searcher has no policy weights: the trainer must publish before searching")
-        if self.started is None:
-            self.started = time.perf_counter()
+        self._begin_step()
         if self.exact:
             self._top_up()
         while True:
@@ -408,8 +407,8 @@ class StreamingSearcher(Searcher):
         self.latencies.extend(now - taken for _, taken in out)
         self._after_engine -= len(out)
         self.groups_sent += len(out)
-        rewards, self._rewards_seen = self._rewards_seen, []
-        self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        kept, self._kept_seen = self._kept_seen, []
+        self._note_reward_mean(kept)
         return [group for group, _ in out]
 
     def _top_up(self) -> None:
@@ -446,7 +445,7 @@ class StreamingSearcher(Searcher):
 
     def _scored_groups(self, finished, kept) -> None:
         for f, items in zip(finished, kept, strict=True):
-            self._rewards_seen += [item[1] for item in items]
+            self._kept_seen.append(items)
             if len(items) < 2:
                 self.stats.dropped_groups += 1
                 self._after_engine -= 1

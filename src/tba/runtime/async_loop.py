@@ -163,8 +163,8 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/no_reward": float(sum(s.get("searcher/no_reward", 0.0) for s in stats.values())),
         "searcher/unfinished": float(sum(s.get("searcher/unfinished", 0.0) for s in stats.values())),
         "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
+        "searcher/reward_timeouts": float(sum(s.get("searcher/reward_timeouts", 0.0) for s in stats.values())),
     }
-    out["searcher/reward_timeouts"] = float(sum(s.get("searcher/reward_timeouts", 0.0) for s in stats.values()))
     busy = [s["searcher/engine_busy"] for s in stats.values() if "searcher/engine_busy" in s]
     if busy:
         out["searcher/engine_busy"] = sum(busy) / len(busy)

@@ -190,7 +190,8 @@ def make_searcher(
         logprobs=cfg.objective.needs_sampler_logps,
     )
     kind, streaming = Searcher, {}
-    if g.streams(cfg.runtime.type, resolve_device(cfg.run.device).type):
+    device_type = resolve_device(cfg.run.device).type
+    if g.streams(cfg.runtime.type, device_type):
         exact = cfg.runtime.type == "sync"  # each step: its batch's prompts, all of them to the end
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
@@ -215,7 +216,7 @@ def make_searcher(
             # beside the engine on an accelerator; on a CPU the engine has the cores already. Not for a
             # LoRA reference (the sampler itself, adapter off: calls must not overlap) nor TBA′ (which
             # reloads the reference between steps)
-            "reference_thread": resolve_device(cfg.run.device).type == "cuda"
+            "reference_thread": device_type == "cuda"
             and not isinstance(reference, ReferenceView)
             and not (cfg.objective.type == "tb" and cfg.objective.ref_reset_every),
         }
