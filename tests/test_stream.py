@@ -122,12 +122,19 @@ def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(
     with pytest.raises(RuntimeError, match="publish"):
         searcher.step()
     weights.publish(tiny_model.state_dict(), 0)
-    seen = []
+    seen, floors = [], []
     for i in range(6):
         if i == 3:
             weights.publish(tiny_model.state_dict(), 2)  # picked up between two refills
         groups = searcher.step()
         m = searcher.metrics()
+        # the staleness bound's floor: no group sent later is older than a floor reported before
+        assert all(g.policy_version >= f for g in groups for f in floors)
+        waiting = [key[3] for key, _, _ in searcher.stream._waiting]
+        assert m["searcher/oldest_version"] <= min([searcher.version, *waiting])
+        if i == 3 and 0 in waiting:  # prompts taken under version 0 wait in the engine: the floor stays at 0
+            assert m["searcher/oldest_version"] == 0 and m["searcher/version"] == 2
+        floors.append(m["searcher/oldest_version"])
         # every prompt taken: sent, dropped (fewer than two usable completions) or still in flight
         assert (
             m["searcher/prompts_taken"]
@@ -138,6 +145,7 @@ def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(
         assert all(2 <= len(g.completions) <= 4 and g.newest_version is None for g in groups)
         seen.append(sorted({g.policy_version for g in groups}))
     assert seen[0] == [0] and seen[-1] == [2]
+    assert floors[0] == 0 and floors[-1] <= 2
     assert searcher.metrics()["searcher/versions_per_group"] == 1.0  # HF loads between refills only
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -261,10 +261,16 @@ class Searcher:
             "searcher/reward_timeouts": float(s.reward_timeouts),
             "searcher/engine_busy": self.engine_s / (time.perf_counter() - self.started) if self.started else 0.0,
             "searcher/version": float(self.version),
+            "searcher/oldest_version": float(self.oldest_version()),
             "searcher/reward_mean": self.last_reward_mean,
         }
         out.update(self.reward_stats.metrics())
         return out
+
+    def oldest_version(self) -> int:
+        """The oldest weight version a group this searcher sends from now on can start from: its
+        own, since a step generates with the weights it holds (the staleness bound counts from it)."""
+        return self.version
 
     def state_dict(self) -> dict:
         """What a resumed run needs to continue as if never stopped: the weight version, the random
@@ -363,13 +369,14 @@ class StreamingSearcher(Searcher):
         self._ref_thread = ThreadPoolExecutor(1, thread_name_prefix="tba-reference") if reference_thread else None
         self._ref_job: Future | None = None  # the reference pass in flight
         self._scored: list = []  # (Finished, kept completions) scored, waiting for the reference pass
-        self._out: list[tuple[RolloutGroup, float]] = []  # (group, time its prompt was taken), ready to send
+        self._out: list[tuple[RolloutGroup, tuple]] = []  # (group, its prompt's key), ready to send
         self._after_engine = 0  # prompts out of the engine, not yet sent or dropped
         self._aborted = 0  # prompts in the engine when it was closed
         self._kept_seen: list[list] = []  # usable completions of each group scored since the last step
         self.prompts_taken = self.groups_sent = 0
         self.last_versions_per_group = float("nan")
         self.latencies: deque[float] = deque(maxlen=512)  # taken → sent, seconds, of the latest groups
+        self._taken_at: Counter[int] = Counter()  # weight version at submission of each prompt in flight
 
     def _load(self, state, version: int) -> None:
         self._submit(self.stream.load_weights(state, version, self.weight_update))
@@ -377,6 +384,12 @@ class StreamingSearcher(Searcher):
     def in_flight(self) -> int:
         """Prompts taken and neither sent nor dropped yet."""
         return self.stream.in_flight() + self._after_engine + self._aborted
+
+    def oldest_version(self) -> int:
+        """The version a prompt still in flight was submitted with, the oldest of them: groups
+        finish out of order, so one sent later can be older than the weights held now."""
+        live = [v for v, n in self._taken_at.items() if n > 0]
+        return min([self.version, *live])
 
     def step(self) -> list[RolloutGroup]:
         self._begin_step()
@@ -402,9 +415,10 @@ class StreamingSearcher(Searcher):
                 break
         out, self._out = self._out, []
         if self.exact:  # in the order taken, whatever order scoring finished in: a resumed run repeats it
-            out.sort(key=lambda item: item[1])
+            out.sort(key=lambda item: item[1][2])
         now = time.perf_counter()
-        self.latencies.extend(now - taken for _, taken in out)
+        self.latencies.extend(now - key[2] for _, key in out)
+        self._taken_at.subtract(key[3] for _, key in out)
         self._after_engine -= len(out)
         self.groups_sent += len(out)
         kept, self._kept_seen = self._kept_seen, []
@@ -417,7 +431,8 @@ class StreamingSearcher(Searcher):
         while self.stream.in_flight() < self.max_in_flight and self.in_flight() < 2 * self.max_in_flight:
             (prompt,) = self.task.sample_prompts(1, self.rng)
             ids = encode_prompts(self.tokenizer, [prompt], self.chat_template)[0]
-            self.stream.submit((prompt, ids, time.perf_counter()), ids)
+            self.stream.submit((prompt, ids, time.perf_counter(), self.version), ids)
+            self._taken_at[self.version] += 1
             self.prompts_taken += 1
 
     def _submit(self, finished: list) -> None:
@@ -449,6 +464,7 @@ class StreamingSearcher(Searcher):
             if len(items) < 2:
                 self.stats.dropped_groups += 1
                 self._after_engine -= 1
+                self._taken_at[f.key[3]] -= 1
             else:
                 self._scored.append((f, items))
 
@@ -467,13 +483,13 @@ class StreamingSearcher(Searcher):
             batch, self._scored = self._scored, []
             self._ref_job = self._ref_thread.submit(self._ref_pass, batch)
 
-    def _ref_pass(self, batch) -> list[tuple[RolloutGroup, float]]:
+    def _ref_pass(self, batch) -> list[tuple[RolloutGroup, tuple]]:
         versions = [(f.oldest_version, f.newest_version) for f, _ in batch]
         groups = self._with_ref_logps(
             [f.key[0] for f, _ in batch], [f.key[1] for f, _ in batch], [items for _, items in batch], versions
         )
         self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)
-        return list(zip(groups, [f.key[2] for f, _ in batch], strict=True))
+        return list(zip(groups, [f.key for f, _ in batch], strict=True))
 
     def state_dict(self) -> dict:
         if self.in_flight():

@@ -195,9 +195,10 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
     return out
 
 
-def _searcher_versions(stats: dict[int, dict], pool: SearcherPool) -> list[int | None]:
-    """The weight version each searcher holds, by its latest report; None while it restarts."""
-    return [None if i in pool.waiting else int(stats[i]["searcher/version"]) for i in sorted({*stats, *pool.waiting})]
+def _searcher_versions(stats: dict[int, dict], pool: SearcherPool, key: str = "searcher/version") -> list[int | None]:
+    """The weight version each searcher holds, by its latest report (``searcher/oldest_version``:
+    the oldest a group it sends from now on can start from); None while it restarts."""
+    return [None if i in pool.waiting else int(stats[i][key]) for i in sorted({*stats, *pool.waiting})]
 
 
 def _log_evaluations(
@@ -244,7 +245,9 @@ def _train(
             wait_start = time.perf_counter()
             starved.begin(wait_start, gate.arrived, _generated(last_stats))
             # the bounds: wait for data; a restarting searcher (None) does not count
-            while gate.blocked(trainer.version, [v for v in _searcher_versions(last_stats, pool) if v is not None]):
+            while gate.blocked(
+                trainer.version, [v for v in _searcher_versions(last_stats, pool, "searcher/oldest_version") if v is not None]
+            ):
                 time.sleep(0.02)
                 pool.check()
                 last_stats = _drain(c, inbox, run_dir, gate) or last_stats

@@ -9,9 +9,12 @@ began (from the start of the run while fewer than W steps are done, so the initi
 A step that would exceed it waits for new groups.
 
 **Staleness** (``runtime.max_lag`` L, AReaL's rule): the trainer, at version v, takes the step to
-v + 1 only if v + 1 − u ≤ L, u the oldest weight version among the live searchers' latest batches.
-A searcher's batch in progress started from weights at least as new as its latest batch's, so it
-arrives while the trainer is at most at u + L: every batch is trained first at most L versions
+v + 1 only if v + 1 − u ≤ L, u the oldest weight version a live searcher can still send a group
+from, by its latest report (``searcher/oldest_version``). For a batch searcher that is the version
+of its latest batch: its batch in progress started from weights at least as new. A streaming
+searcher's groups finish out of order, so a group sent later can be older than its latest ones;
+it reports the oldest version among its prompts in flight. Either way a group arrives while the
+trainer is at most at u + L: every batch is trained first at most L versions
 after the weights that generated it (``train/lag_fresh`` ≤ L); replayed data grows older in the
 buffer, which the replay bound limits. A searcher that is restarting is left out of u while it
 restarts, and one that has not delivered a batch yet is not counted (after a restart, it counts
