@@ -150,6 +150,7 @@ def make_trainer(model: torch.nn.Module, variant: str, budget: int, k: int, devi
         warmup_steps=0,  # the warm-up step must move the weights like any other
         sync_interval=10**6,  # no publication inside the measured steps
         micro_batch_tokens=budget if tokens else None,
+        packing=False,  # the padded passes these rows were measured with (packing: bench_packing.py)
         gradient_checkpointing=ckpt,
         precision=precision,
     )

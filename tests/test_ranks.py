@@ -183,6 +183,8 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
         for key in ("train/loss", "train/grad_norm", "train/reward_mean", "train/kl", "train/lr"):
             assert_reordered_close(m2[0][key], m1[0][key], terms=tokens)
         assert m2[0]["train/micro_batches"] >= 2 and m2[0]["train/rank_peak_memory_gb"] > 0
+        # both packed (trainer.packing's default): the ranks' rows hold their own groups' sequences
+        assert one.trainer.packed and two.trainer.ranks.packed and m2[0]["train/padding_fraction"] < 0.5
         # the optimizer's moments, gathered by parameter name: after one step (1 − β₁)·g and
         # (1 − β₂)·g², so the gradients themselves, and their squares (twice the relative error)
         s1, s2 = one.trainer.state_dict(), two.trainer.state_dict()

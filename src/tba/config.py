@@ -595,10 +595,24 @@ class TrainerConfig(_Section):
     """Groups per forward/backward pass (gradient accumulation); default: the whole batch."""
     micro_batch_tokens: int | None = Field(None, ge=1)
     """Token budget of one forward/backward pass: micro-batches are filled with whole groups (the
-    per-prompt log Z needs all K completions) while sequences × (longest prompt + longest completion)
-    stays within it; a group larger than the budget runs alone. Groups are ordered by length first,
-    so little goes to padding. Combines with ``micro_batch_prompts`` (both limits hold). The step
-    equals one pass over the whole batch: each micro-batch's loss is weighted by its share of it."""
+    per-prompt log Z needs all K completions) while their tokens stay within it: real tokens when
+    packed (``packing``), else sequences × (longest prompt + longest completion), padding included;
+    a group larger than the budget runs alone. Groups are ordered by length first. Combines with
+    ``micro_batch_prompts`` (both limits hold). The step equals one pass over the whole batch: each
+    micro-batch's loss is weighted by its share of it."""
+    packing: bool = True
+    """Packed (padding-free) forward and backward passes: a micro-batch's sequences are concatenated
+    into rows with ``position_ids`` restarting at each, and attention stays within each sequence, so
+    nothing is computed on padding (``train/padding_fraction``). A model that cannot be packed (an
+    attention that reads no restarts, logits that are not a plain head's: checked at start) is
+    padded, with one warning. false: pad every pass (to the longest sequence of its micro-batch)."""
+    packing_row_tokens: int | Literal["auto"] = "auto"
+    """Positions of one packed row. ``auto``: one row a pass with flash attention or flex attention
+    (their cost stays within sequences); 1024 with ``sdpa`` and ``eager``, whose dense mask computes
+    every position of a row against every other, so a row's width costs attention."""
+    reference_packing: bool = True
+    """Pack the searchers' reference log-prob passes and evaluation's scoring passes too (as
+    ``packing``; the reference model falls back to padding by the same check)."""
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16"] = "auto"
     """Numerics of the trainer. ``bf16-mixed``: fp32 master weights and AdamW state, forward and
     backward in bfloat16 (autocast), log-probs in fp32. ``fp32``: fp32 throughout. ``bf16``: bfloat16
@@ -641,6 +655,13 @@ class TrainerConfig(_Section):
         if self.grad_clip == "auto":
             return None if objective == "tb" else 1.0
         return self.grad_clip
+
+    @field_validator("packing_row_tokens")
+    @classmethod
+    def _positive_row(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"packing_row_tokens must be a positive number of positions or 'auto', got {value}")
+        return value
 
     @field_validator("grad_clip")
     @classmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ import torch
 from tba.generation.base import Generator, SamplingParams
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
+from tba.models.packing import packed_sequence_logprobs, packing_problem, row_tokens
 from tba.rewards import RewardStats
 from tba.scoring import ScoringPool
 from tba.tasks.base import Prompt, Task
@@ -65,6 +67,8 @@ class Searcher:
         ref_max_tokens: int | None = None,
         ref_reset_every: int | None = None,
         reward_timeout: float | None = None,
+        ref_packing: bool = False,
+        ref_row_tokens: int | str = "auto",
     ):
         self.task = task
         self.tokenizer = tokenizer
@@ -79,7 +83,20 @@ class Searcher:
         self.chat_template = chat_template
         self.unfinished_reward = unfinished_reward
         self.ref_micro_batch = ref_micro_batch  # sequences per reference forward pass
-        self.ref_max_tokens = ref_max_tokens  # padded tokens per reference forward pass
+        self.ref_max_tokens = ref_max_tokens  # tokens per reference forward pass (real ones when packed)
+        self.ref_packed, self.ref_row_width = False, None
+        if ref_packing:  # once: TBA′ moves the reference's weights, never its architecture
+            problem = packing_problem(reference)
+            if problem is None:
+                self.ref_packed, self.ref_row_width = True, row_tokens(reference, ref_row_tokens)
+            else:
+                warnings.warn(
+                    f"trainer.reference_packing: the reference cannot take packed sequences ({problem}); "
+                    "its passes pad instead. Set trainer.reference_packing=false to silence this",
+                    stacklevel=2,
+                )
+        self.ref_tokens = 0  # tokens through the reference passes so far
+        self.ref_s = 0.0  # and the seconds they took
         self.ref_reset_every = ref_reset_every  # TBA′: the reference follows the policy every ρ steps
         self.ref_epoch = 0
         self.reward_timeout = reward_timeout  # seconds per reward call; None: no limit
@@ -213,22 +230,23 @@ class Searcher:
     def _with_ref_logps(self, prompts, prompt_ids, kept, versions=None) -> list[RolloutGroup]:
         """Groups of the kept completions (two or more per prompt: see :meth:`_drop_small`) with
         their reference log-probs; ``versions``: each prompt's (oldest, newest) policy version,
-        default this searcher's. Changes no counter (it may run on a thread of its own)."""
+        default this searcher's. Changes no counter but the reference pass's own (``ref_tokens``,
+        ``ref_s``): it may run on a thread of its own, one pass at a time."""
         flat_prompts, flat_completions = [], []
         for ids, items in zip(prompt_ids, kept, strict=True):
             flat_prompts += [ids] * len(items)
             flat_completions += [item[0] for item in items]
         ref = []
         if flat_completions:
-            ref = sequence_logprobs(
-                self.reference,
-                flat_prompts,
-                flat_completions,
-                self.tokenizer.pad_token_id,
-                self.eos_ids,
-                micro_batch=self.ref_micro_batch,
-                max_tokens=self.ref_max_tokens,
-            ).tolist()
+            start = time.perf_counter()
+            args = (self.reference, flat_prompts, flat_completions, self.tokenizer.pad_token_id, self.eos_ids)
+            limits = {"micro_batch": self.ref_micro_batch, "max_tokens": self.ref_max_tokens}
+            if self.ref_packed:
+                ref = packed_sequence_logprobs(*args, **limits, row_width=self.ref_row_width).tolist()
+            else:
+                ref = sequence_logprobs(*args, **limits).tolist()
+            self.ref_s += time.perf_counter() - start
+            self.ref_tokens += sum(len(p) + len(c) for p, c in zip(flat_prompts, flat_completions, strict=True))
         groups, i = [], 0
         versions = versions or [(self.version, self.version)] * len(prompts)
         for prompt, ids, items, (oldest, newest) in zip(prompts, prompt_ids, kept, versions, strict=True):
@@ -262,6 +280,7 @@ class Searcher:
             "searcher/engine_busy": self.engine_s / (time.perf_counter() - self.started) if self.started else 0.0,
             "searcher/version": float(self.version),
             "searcher/oldest_version": float(self.oldest_version()),
+            "searcher/reference_tokens_per_s": self.ref_tokens / self.ref_s if self.ref_s else 0.0,
             "searcher/reward_mean": self.last_reward_mean,
         }
         out.update(self.reward_stats.metrics())

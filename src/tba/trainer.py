@@ -10,8 +10,10 @@ Micro-batches hold whole groups, so the per-prompt log Z is always computed from
 own K completions (the paper's code was only right with one prompt per micro-batch). They are
 cut by a count of groups (``micro_batch_prompts``) and a token budget (``micro_batch_tokens``),
 and each one's loss is weighted by its share of the batch, so the step equals one pass over the
-whole batch. The trainer never needs the reference model: searchers attach reference log-probs
-to rollouts.
+whole batch. With ``trainer.packing`` (the default) a micro-batch's sequences are packed into rows
+with no padding (:mod:`tba.models.packing`) and its token budget counts real tokens; a model that
+cannot be packed is padded, with one warning. The trainer never needs the reference model:
+searchers attach reference log-probs to rollouts.
 
 Precision (``trainer.precision``, see :mod:`tba.models.precision`) enters in two places only: the
 forward passes run under its autocast, and publication casts the weights to the searchers' dtype.
@@ -29,8 +31,9 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import plan_micro_batches, token_logprobs
+from tba.models.logprobs import plan_micro_batches, token_logprobs, unwrap
 from tba.models.lora import load_policy_state, policy_state, published_state
+from tba.models.packing import forward_positions, packed_token_logprobs, packing_problem, row_tokens
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
@@ -118,17 +121,47 @@ def loss_shares(batch: Batch, parts: list[list[int]], objective: str) -> list[fl
     return [p / total for p in pairs] if total else sizes
 
 
-def rank_passes(batch: Batch, parts: list[list[int]], cfg) -> int:
+def group_tokens(batch: Batch) -> list[int]:
+    """Real tokens of each group of ``batch``: its completions and a prompt for each."""
+    return [sum(len(batch.prompt_ids[g]) + len(r.completion) for r in batch.group(g)) for g in range(batch.num_groups)]
+
+
+def plan_groups(batch: Batch, cfg, packed: bool, groups: list[int] | None = None) -> list[list[int]]:
+    """The micro-batches of ``groups`` of ``batch`` (default all; as positions in ``groups``) under
+    ``cfg``'s limits: the token budget counts padded tokens, or real ones when ``packed``."""
+    groups = list(range(batch.num_groups)) if groups is None else groups
+    sizes, real = group_lengths(batch), group_tokens(batch) if packed else None
+    return plan_micro_batches(
+        [sizes[g] for g in groups],
+        batch.group_size,
+        cfg.micro_batch_prompts,
+        cfg.micro_batch_tokens,
+        real_tokens=[real[g] for g in groups] if real is not None else None,
+    )
+
+
+def rank_passes(batch: Batch, parts: list[list[int]], cfg, packed: bool = False) -> int:
     """The most forward and backward passes a rank runs when the ranks take ``parts`` of ``batch``
     (group indices each) under ``cfg``'s micro-batch limits. Every pass over sharded weights is a
     collective (FSDP2 gathers each layer's weights, reduces its gradients): a rank with fewer passes
     runs empty ones up to this count, else the others wait for it until the group times out."""
-    sizes = group_lengths(batch)
-    k = batch.group_size
-    return max(
-        len(plan_micro_batches([sizes[g] for g in part], k, cfg.micro_batch_prompts, cfg.micro_batch_tokens))
-        for part in parts
-    )
+    return max(len(plan_groups(batch, cfg, packed, part)) for part in parts)
+
+
+def packing_choice(model: torch.nn.Module, cfg) -> tuple[bool, int | None]:
+    """Whether the trainer packs ``model``'s sequences (``cfg.packing`` and a model that can be
+    packed: else one warning, and padding) and the width of its rows (None: one row a pass)."""
+    if not getattr(cfg, "packing", False):
+        return False, None
+    problem = packing_problem(model)
+    if problem is not None:
+        warnings.warn(
+            f"trainer.packing: {type(unwrap(model)).__name__} cannot take packed sequences ({problem}); "
+            "the trainer pads its batches instead. Set trainer.packing=false to choose padding and silence this",
+            stacklevel=3,
+        )
+        return False, None
+    return True, row_tokens(model, cfg.packing_row_tokens)
 
 
 class Ranks(Protocol):
@@ -190,6 +223,7 @@ class Trainer:
         self._arrival_lag_max = 0
         self.ranks = ranks
         self._synced = -1  # the version whose weights ``model`` holds, with ranks
+        self.packed, self.row_width = packing_choice(model, cfg)
         if ranks is not None:  # the ranks hold the optimizer; ``model`` is this process's copy
             self.optimizer = self.scheduler = None
             return
@@ -257,6 +291,10 @@ class Trainer:
         if batch is None:
             batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
         metrics = self.ranks.update(batch, self.version) if self.ranks is not None else self.update(batch)
+        positions = metrics.get("train/positions", 0.0)
+        if positions:
+            metrics["train/padding_fraction"] = 1.0 - metrics["train/tokens"] / positions
+            metrics["train/tokens_per_s"] = metrics["train/tokens"] / max(time.perf_counter() - start, 1e-9)
         metrics.update(lag_metrics(batch, self.version))
         metrics.update(group_metrics(batch))
         metrics.update(
@@ -353,20 +391,23 @@ class Trainer:
         self, batch: Batch, beta: float, scale: float = 1.0, passes: int | None = None
     ) -> dict[str, float]:
         k, n = self.group_size, batch.num_groups
-        sizes = group_lengths(batch)
-        plan = plan_micro_batches(sizes, k, self.cfg.micro_batch_prompts, self.cfg.micro_batch_tokens)
+        plan = plan_groups(batch, self.cfg, self.packed)
         for _ in range(len(plan), passes or 0):  # the gathers and reductions the other ranks wait for
             self._empty_pass(batch)
-        self._count_oversize([k * (p + c) for p, c in sizes])
+        self._count_oversize(group_tokens(batch) if self.packed else [k * (p + c) for p, c in group_lengths(batch)])
         weights = loss_shares(batch, plan, self.objective.type)
-        totals: dict[str, float] = {}
+        totals: dict[str, float] = {"train/tokens": 0.0, "train/positions": 0.0}
         for groups, share in zip(plan, weights, strict=True):
             rollouts = [r for g in groups for r in batch.group(g)]
             prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
+            completions = [list(r.completion) for r in rollouts]
             with self.precision.autocast():
-                token_logp, mask = token_logprobs(
-                    self.model, prompts, [list(r.completion) for r in rollouts], self.pad_id, self.eos_ids
-                )  # [G*K, T] each, fp32
+                token_logp, mask = self._token_logprobs(prompts, completions)  # [G*K, T] each, fp32
+            positions, real = forward_positions(
+                [len(p) for p in prompts], [int(x) for x in mask.sum(-1).tolist()], self.packed, self.row_width
+            )
+            totals["train/tokens"] += real
+            totals["train/positions"] += positions
             logp = token_logp.sum(-1)  # [G*K]
             ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
             reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
@@ -394,15 +435,23 @@ class Trainer:
         reductions, which is all a rank with fewer micro-batches than another must do."""
         rollout = batch.group(0)[0]
         with self.precision.autocast():
-            token_logp, _ = token_logprobs(
-                self.model, [batch.prompt_ids[0]], [list(rollout.completion)], self.pad_id, self.eos_ids
-            )
+            token_logp, _ = self._token_logprobs([batch.prompt_ids[0]], [list(rollout.completion)])
         (token_logp.sum() * 0.0).backward()
 
-    def _count_oversize(self, group_tokens: list[int]) -> None:
-        """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first."""
+    def _token_logprobs(self, prompts, completions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs ``[N, C]`` of ``completions`` under the policy and their mask: from
+        packed rows, or a padded batch."""
+        if self.packed:
+            return packed_token_logprobs(
+                self.model, prompts, completions, self.eos_ids, max_tokens=self.row_width, pad_id=self.pad_id
+            )
+        return token_logprobs(self.model, prompts, completions, self.pad_id, self.eos_ids)
+
+    def _count_oversize(self, tokens: list[int]) -> None:
+        """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first.
+        ``tokens``: each group's tokens as the budget counts them (padded, or real when packed)."""
         budget = self.cfg.micro_batch_tokens
-        over = [t for t in group_tokens if budget is not None and t > budget]
+        over = [t for t in tokens if budget is not None and t > budget]
         if over and not self.oversize_groups:
             warnings.warn(
                 f"a group of {self.group_size} completions needs {over[0]} tokens, more than "

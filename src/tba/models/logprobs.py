@@ -307,46 +307,59 @@ def sequence_logprobs(
     ``micro_batch`` (sequences) and ``max_tokens`` (sequences × their longest prompt + longest
     completion, padding included) bound each forward pass, planned as the trainer plans its
     micro-batches (:func:`plan_micro_batches`, each sequence a group of one). The results come back
-    in the given order.
+    in the given order. Packed passes: :func:`tba.models.packing.packed_sequence_logprobs`.
     """
     sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
     chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens)  # each sequence a group of one
+    return chunked_sums(
+        lambda ps, cs: token_logprobs(model, ps, cs, pad_id, eos_ids, temperature), prompts, completions, chunks
+    )
+
+
+def chunked_sums(logprobs, prompts: list[list[int]], completions: list[list[int]], chunks: list[list[int]]):
+    """Per-sequence sums ``[N]`` of ``logprobs(prompts, completions)`` (``[n, C]`` log-probs and a
+    mask) computed one chunk of sequence indices at a time, in the given order."""
     if len(chunks) <= 1:
-        logp, _ = token_logprobs(model, prompts, completions, pad_id, eos_ids, temperature)
+        logp, _ = logprobs(prompts, completions)
         return logp.sum(-1)
     out: list[torch.Tensor | None] = [None] * len(prompts)
     for chunk in chunks:
-        logp, _ = token_logprobs(
-            model, [prompts[i] for i in chunk], [completions[i] for i in chunk], pad_id, eos_ids, temperature
-        )
+        logp, _ = logprobs([prompts[i] for i in chunk], [completions[i] for i in chunk])
         for i, value in zip(chunk, logp.sum(-1), strict=True):
             out[i] = value
     return torch.stack(out)
 
 
 def plan_micro_batches(
-    sizes: list[tuple[int, int]], group_size: int, max_groups: int | None = None, max_tokens: int | None = None
+    sizes: list[tuple[int, int]],
+    group_size: int,
+    max_groups: int | None = None,
+    max_tokens: int | None = None,
+    real_tokens: list[int] | None = None,
 ) -> list[list[int]]:
     """Groups per micro-batch, as lists of group indices. ``sizes[g]`` is (longest prompt, longest
     completion) of group g, in tokens. A micro-batch holds at most ``max_groups`` groups and at most
-    ``max_tokens`` padded tokens (sequences × (longest prompt + longest completion) in it); a group
-    over the budget alone goes alone. With a token budget, groups are taken shortest first, so
-    groups of like length share a micro-batch and little goes to padding."""
+    ``max_tokens`` tokens: padded ones (sequences × (longest prompt + longest completion) in it),
+    or, given ``real_tokens`` (each group's own, for packed passes), the sum of those. A group over
+    the budget alone goes alone. With a token budget, groups are taken shortest first, so groups of
+    like length share a micro-batch and little goes to padding."""
     order = list(range(len(sizes)))
     if max_tokens is not None:
         order.sort(key=lambda g: sum(sizes[g]))  # stable: equal lengths keep the batch's order
     plan: list[list[int]] = []
     current: list[int] = []
-    longest_p = longest_c = 0
+    longest_p = longest_c = real = 0
     for g in order:
         p, c = max(longest_p, sizes[g][0]), max(longest_c, sizes[g][1])
+        tokens = real + real_tokens[g] if real_tokens is not None else (len(current) + 1) * group_size * (p + c)
         too_many = max_groups is not None and len(current) >= max_groups
-        too_long = max_tokens is not None and (len(current) + 1) * group_size * (p + c) > max_tokens
+        too_long = max_tokens is not None and tokens > max_tokens
         if current and (too_many or too_long):
             plan.append(current)
-            current, p, c = [], sizes[g][0], sizes[g][1]
+            current, p, c, real = [], sizes[g][0], sizes[g][1], 0
         current.append(g)
         longest_p, longest_c = p, c
+        real += real_tokens[g] if real_tokens is not None else 0
     if current:
         plan.append(current)
     return plan

@@ -3,7 +3,7 @@
 A padded batch (:func:`tba.models.logprobs.pack`) spends a position on every pad token up to the
 longest sequence; with prompts of 60-250 tokens and completions of 20-500 that is a large share
 of a step. A packed batch concatenates whole sequences into rows of at most ``max_tokens``
-positions (:func:`plan_rows`, first-fit decreasing), gives each sequence ``position_ids`` that
+positions (:func:`plan_rows`, balanced so that little is left at their ends), gives each sequence ``position_ids`` that
 restart at 0, and passes no attention mask and no KV cache: transformers then builds a
 block-diagonal causal mask from the restarts (``sdpa``, ``eager``, ``flex_attention``; flash
 attention's variable-length kernels on a GPU), so no sequence sees another. With the KV cache on
@@ -20,39 +20,121 @@ from __future__ import annotations
 
 import torch
 
-from tba.models.logprobs import head_logprobs, output_head, truncate_at_eos, unwrap
+from tba.models.logprobs import (
+    chunked_sums,
+    head_logprobs,
+    output_head,
+    plan_micro_batches,
+    token_logprobs,
+    truncate_at_eos,
+    unwrap,
+)
 
 
 def plan_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices of the sequences in each row, every sequence whole, rows of at most ``max_tokens``
-    positions where a sequence fits (a longer one gets a row of its own): first-fit decreasing,
-    rows in the order they were opened, indices in each row ascending."""
+    """Indices of the sequences in each row, every sequence whole: the fewest rows of at most
+    ``max_tokens`` positions that hold them (a longer sequence gets a row of its own), balanced so
+    that the longest row, the batch's width, is as short as this greedy finds. Each sequence,
+    longest first, goes to the row with the fewest tokens; with a row over the budget, one more row
+    is tried. Rows come out longest first, indices in each row ascending."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        for r, free in enumerate(room):
-            if lengths[i] <= free:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            room.append(max_tokens - lengths[i])
-    return [sorted(row) for row in rows]
+    if not lengths:
+        return []
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n_rows = max(1, -(-sum(lengths) // max_tokens))
+    while True:
+        rows: list[list[int]] = [[] for _ in range(n_rows)]
+        load = [0] * n_rows
+        for i in order:
+            r = min(range(n_rows), key=lambda r: (load[r], r))
+            rows[r].append(i)
+            load[r] += lengths[i]
+        if n_rows >= len(lengths) or all(load[r] <= max_tokens or len(rows[r]) == 1 for r in range(n_rows)):
+            break
+        n_rows += 1
+    filled = sorted((r for r in range(n_rows) if rows[r]), key=lambda r: -load[r])
+    return [sorted(rows[r]) for r in filled]
 
 
-def packing_problem(model: torch.nn.Module) -> str | None:
-    """Why ``model`` cannot take packed rows here (None: it can)."""
+ATTENTION_ONE_ROW = ("flash_attention_2", "flash_attention_3", "flex_attention")
+"""Attention implementations whose cost stays within each sequence (variable-length kernels, a
+block-sparse mask): a micro-batch goes into one row. The others (``sdpa``, ``eager``) compute every
+query against every key of a row under a dense mask, so rows are kept short (:func:`row_tokens`);
+flash attention's packed path also takes one row only (a batch of one)."""
+
+DENSE_ROW_TOKENS = 1024
+"""Positions of a packed row under a dense mask (``sdpa``, ``eager``): the attention a row wastes
+across its sequences grows with its width, the padding left at the ends of rows shrinks with it;
+measured on CPU (benchmarks/README.md, "Packed sequences"), 1024 was fastest of 1024-4096."""
+
+
+def row_tokens(model: torch.nn.Module, setting: int | str | None = "auto") -> int | None:
+    """The width of packed rows for ``model``: ``setting`` when it is a number; ``"auto"``: one
+    row per pass (None) where attention stays within sequences (:data:`ATTENTION_ONE_ROW`), else
+    :data:`DENSE_ROW_TOKENS` (a longer sequence takes a row of its own)."""
+    if setting != "auto":
+        return setting
+    attention = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", None)
+    return None if attention in ATTENTION_ONE_ROW else DENSE_ROW_TOKENS
+
+
+def packing_problem(model: torch.nn.Module, probe: bool = True) -> str | None:
+    """Why ``model`` cannot take packed rows here (None: it can). With ``probe``, two short
+    sequences packed in one row must give the log-probs each gives alone (within the rounding of
+    the model's dtype): a model whose attention reads no restarts, or reads them wrong, is caught
+    here rather than trained on log-probs that see other sequences. The probe is a forward pass
+    without gradients: with sharded weights, every rank must call it."""
     inner = unwrap(model)
     config = getattr(inner, "config", None)
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"):
+    if attention not in ("sdpa", "eager", *ATTENTION_ONE_ROW):
         return f"attention {attention!r} builds no mask from restarting position_ids"
     if output_head(model) is None:
         return "its logits are not a plain output head's (soft-capped or scaled logits, an adapter on the head)"
+    if not probe:
+        return None
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if vocab < 4:
+        return None  # nothing to probe with; the forward's own head check still holds
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (5, 9)]
+    completions = [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (11, 7)]
+    dtype = next(model.parameters()).dtype
+    was_training = model.training
+    model.eval()  # no dropout in the comparison
+    try:
+        with torch.no_grad():
+            packed, mask = packed_token_logprobs(model, prompts, completions, None, 1.0, None, 0, check=False)
+            alone = [token_logprobs(model, [p], [c], 0, None)[0][0] for p, c in zip(prompts, completions, strict=True)]
+    except Exception as e:  # noqa: BLE001 - any failure of the packed forward means: pad instead
+        return f"its forward failed on a packed row ({type(e).__name__}: {e})"
+    finally:
+        model.train(was_training)
+        _reshard(model)
+    tol = max(1e-4, 16 * torch.finfo(dtype).eps if dtype.is_floating_point else 1e-4)
+    for i, ref in enumerate(alone):
+        got = packed[i, : ref.shape[0]]
+        if not torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol):
+            gap = (got.float() - ref.float()).abs().max().item()
+            return (
+                f"packed sequences see each other: log-probs differ from the sequences alone by up to {gap:.3g} "
+                f"(attention {attention!r} ignores restarting position_ids)"
+            )
     return None
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """FSDP2 leaves the root module's weights gathered after a forward pass (the backward pass it
+    expects needs them): with no backward after the probe, shard them again, else an optimizer
+    built next would hold the gathered copies."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # no FSDP2 in this torch: nothing is sharded
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def packed_token_logprobs(
@@ -63,13 +145,63 @@ def packed_token_logprobs(
     temperature: float = 1.0,
     max_tokens: int | None = None,
     pad_id: int = 0,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs ``[N, C]`` of the completion tokens in fp32 (0 where masked) and the
     mask ``[N, C]``, as :func:`tba.models.logprobs.token_logprobs`, from rows of packed sequences
     (``max_tokens`` positions a row; default: all in one row). ``pad_id`` fills the end of rows
-    shorter than the longest: it is attended by nothing."""
-    problem = packing_problem(model)
-    if problem is not None:
+    shorter than the longest: it is attended by nothing. ``check``: refuse a model
+    :func:`packing_problem` refuses (without its probe)."""
+    head, picked, targets, mask = _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, check)
+    logp = head_logprobs(head, picked, targets, temperature)[:, : mask.shape[1]]
+    return logp * mask, mask
+
+
+def packed_sequence_logprobs(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    eos_ids: int | set[int] | None = None,
+    temperature: float = 1.0,
+    micro_batch: int | None = None,
+    max_tokens: int | None = None,
+    row_width: int | None = None,
+) -> torch.Tensor:
+    """:func:`tba.models.logprobs.sequence_logprobs` from packed passes: ``max_tokens`` counts real
+    tokens (prompt and completion of each sequence), each pass packs its sequences into rows of
+    ``row_width`` positions (None: one row)."""
+    sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
+    real = [p + c for p, c in sizes]
+    chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, real_tokens=real)
+    return chunked_sums(
+        lambda ps, cs: packed_token_logprobs(model, ps, cs, eos_ids, temperature, row_width, pad_id),
+        prompts,
+        completions,
+        chunks,
+    )
+
+
+def packed_completion_logits(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    eos_ids: int | set[int] | None = None,
+    max_tokens: int | None = None,
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full-vocabulary logits ``[N, C, V]`` that predict each completion token, and the mask
+    ``[N, C]``, from packed rows (as :func:`tba.models.logprobs.completion_logits` from a padded
+    batch)."""
+    head, picked, _, mask = _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, True)
+    return head(picked[:, : mask.shape[1]]), mask
+
+
+def _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, check):
+    """The packed forward: the output head, the last hidden states ``[N, C+1, H]`` from each
+    sequence's last prompt position through its last token (the last one predicts past the end: a
+    dummy target), the targets ``[N, C+1]`` and the mask ``[N, C]``."""
+    if check and (problem := packing_problem(model, probe=False)) is not None:
         raise ValueError(f"this model cannot be packed: {problem}")
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
@@ -102,8 +234,7 @@ def packed_token_logprobs(
         last, out.logits[:, -1:].float(), rtol=1e-3, atol=1e-3
     ):
         raise ValueError("this model cannot be packed: its logits are not its output head's (scaled or capped)")
-    # position t predicts token t+1: from each sequence's last prompt position to its last token,
-    # C + 1 positions (the last one predicts past the end: a dummy target, dropped below)
+    # position t predicts token t+1: from each sequence's last prompt position to its last token
     c_len = max(1, max(len(c) for c in completions))
     row_of = torch.zeros((len(prompts), c_len + 1), dtype=torch.long)
     col_of = torch.zeros_like(row_of)
@@ -118,6 +249,20 @@ def packed_token_logprobs(
         targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
         mask[i, : len(c)] = 1.0
     picked = hidden[row_of.to(device), col_of.to(device)]  # [N, C+1, H]
-    logp = head_logprobs(head, picked, targets.to(device), temperature)[:, :c_len]
-    mask = mask.to(device)
-    return logp * mask, mask
+    return head, picked, targets.to(device), mask.to(device)
+
+
+def forward_positions(
+    prompt_lens: list[int], completion_lens: list[int], packed: bool, row_width: int | None = None
+) -> tuple[int, int]:
+    """(positions computed, real tokens) of one forward pass over these sequences: padded (every
+    sequence as wide as the longest prompt plus the longest completion) or ``packed`` in rows of
+    ``row_width`` positions (None: one row)."""
+    lengths = [p + c for p, c in zip(prompt_lens, completion_lens, strict=True)]
+    real = sum(lengths)
+    if not lengths:
+        return 0, 0
+    if not packed:
+        return len(lengths) * (max(prompt_lens) + max(1, max(completion_lens))), real
+    planned = plan_rows(lengths, row_width or real)
+    return len(planned) * max(sum(lengths[i] for i in row) for row in planned), real

@@ -158,6 +158,9 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/completions_per_s": completions / max(elapsed, 1e-9),
         "searcher/tokens_per_s": tokens / max(elapsed, 1e-9),
         "searcher/version_min": float(min(s["searcher/version"] for s in stats.values())),
+        "searcher/reference_tokens_per_s": float(
+            sum(s.get("searcher/reference_tokens_per_s", 0.0) for s in stats.values())
+        ),
         "searcher/reward_errors": float(sum(s["searcher/reward_errors"] for s in stats.values())),
         "searcher/empty_completions": float(sum(s["searcher/empty_completions"] for s in stats.values())),
         "searcher/no_reward": float(sum(s.get("searcher/no_reward", 0.0) for s in stats.values())),
@@ -246,7 +249,8 @@ def _train(
             starved.begin(wait_start, gate.arrived, _generated(last_stats))
             # the bounds: wait for data; a restarting searcher (None) does not count
             while gate.blocked(
-                trainer.version, [v for v in _searcher_versions(last_stats, pool, "searcher/oldest_version") if v is not None]
+                trainer.version,
+                [v for v in _searcher_versions(last_stats, pool, "searcher/oldest_version") if v is not None],
             ):
                 time.sleep(0.02)
                 pool.check()

@@ -240,6 +240,8 @@ def make_searcher(
         if t.micro_batch_prompts
         else None,
         ref_max_tokens=t.micro_batch_tokens,
+        ref_packing=t.reference_packing,
+        ref_row_tokens=t.packing_row_tokens,
         reward_timeout=cfg.task.reward_timeout,
         **streaming,
     )

@@ -60,7 +60,7 @@ from tba.runtime.errors import TrainerRankFailed
 from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers, seed_everything
 from tba.runtime.sharding import check_fsdp2, combine_metrics, load_sharded, shard_policy, split_groups, sub_batch
 from tba.runtime.weight_board import RayWeightStore
-from tba.trainer import group_lengths, loss_shares, rank_passes
+from tba.trainer import group_lengths, group_tokens, loss_shares, rank_passes
 from tba.types import Batch
 
 RANK_TIMEOUT_S = 1800.0
@@ -91,8 +91,9 @@ class TrainerRank:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def join(self, host: str, port: int, pad_id: int, eos_ids: set[int]) -> None:
-        """Join the process group, load the policy, shard it, build the optimizer."""
+    def join(self, host: str, port: int, pad_id: int, eos_ids: set[int]) -> bool:
+        """Join the process group, load the policy, shard it, build the optimizer; whether its
+        passes are packed (every rank's must be, since each pass is a collective)."""
 
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # hidden states are read, not changed
         quiet_transformers()
@@ -124,6 +125,7 @@ class TrainerRank:
         model = shard_policy(load_trainer_policy(load_cfg, policy_path, load_on, precision), precision, device)
         self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
+        return self.trainer.packed
 
     def update(self, batch: Batch, version: int, scale: float, passes: int | None = None) -> dict[str, float]:
         t = self.trainer
@@ -260,16 +262,22 @@ class RankGroup:
             for r in range(n)
         ]
         host, port = self._call("address", [()], ranks=[0])[0]
-        self._call("join", [(host, port, pad_id, eos_ids)] * n)
+        packed = self._call("join", [(host, port, pad_id, eos_ids)] * n)
+        if len(set(packed)) > 1:
+            raise RuntimeError(f"trainer ranks disagree on packing ({packed}): the same model must pack on every rank")
+        self.packed = packed[0]
         if initial is not None:
             self._call("load_state_dict", [(initial, None)] + [(None, None)] * (n - 1))
         log(f"trainer: {n} ranks ({'NCCL on GPUs' if gpu else 'gloo on CPUs'}), FSDP2 per decoder layer")
 
     def update(self, batch: Batch, version: int) -> dict[str, float]:
-        sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
+        if self.packed:  # the ranks balanced by the tokens they compute
+            sizes = group_tokens(batch)
+        else:
+            sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
         scales = loss_shares(batch, parts, self.cfg.objective.type)
-        passes = rank_passes(batch, parts, self.cfg.trainer)  # equal on every rank: each pass is a collective
+        passes = rank_passes(batch, parts, self.cfg.trainer, self.packed)  # equal on every rank: each is a collective
         per_rank = self._call(
             "update", [(sub_batch(batch, p), version, s, passes) for p, s in zip(parts, scales, strict=True)]
         )

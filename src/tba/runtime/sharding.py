@@ -39,7 +39,7 @@ def sub_batch(batch: Batch, groups: list[int]) -> Batch:
 _SHARED = ("train/grad_norm", "train/clip_scale", "train/beta", "train/lr", "train/skipped_steps")
 
 
-_SUMMED = ("train/micro_batches", "train/oversize_groups")
+_SUMMED = ("train/micro_batches", "train/oversize_groups", "train/tokens", "train/positions")
 
 
 def combine_metrics(per_rank: list[dict[str, float]], sizes: list[float], scales: list[float]) -> dict[str, float]:
