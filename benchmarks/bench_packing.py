@@ -1,7 +1,8 @@
 """Packed against padded trainer steps: step time, tokens per second, padding fraction and peak
 memory of the same step on the same batch, each mode in a fresh process, side by side in one run.
 
-    .venv/bin/python benchmarks/bench_packing.py                  # both models, both length mixes
+    .venv/bin/python benchmarks/bench_packing.py --rounds 2       # both models, both length mixes (~6 min)
+    .venv/bin/python benchmarks/bench_packing.py --rounds 2 --budget 4096 --out benchmarks/results/packing/budget
     .venv/bin/python benchmarks/bench_packing.py --models tiny30m --data gsm8k
     .venv/bin/python benchmarks/bench_packing.py --quick          # the demo model, a smoke run (~30 s)
     python benchmarks/bench_packing.py --device cuda --models tiny30m --groups 16 --group-size 8
@@ -23,10 +24,12 @@ Length mixes (``--data``):
   padding to remove, which is the point of the row.
 
 Each (model, mix) takes ``--groups`` groups of ``--group-size`` completions (one batch, the same in
-both modes), the trainer's defaults with trajectory balance, and ``trainer.micro_batch_tokens`` =
-``--budget`` in both modes: padded, a micro-batch's tokens count its padding; packed, only real
-tokens, so packed micro-batches hold more groups for the same activation memory. Packed rows are
-``trainer.packing_row_tokens=auto`` (1024 positions with SDPA).
+both modes) and the trainer's defaults with trajectory balance: the whole batch in one forward and
+backward pass, so both modes compute the same sequences together and the difference is packing
+alone. ``--budget N`` sets ``trainer.micro_batch_tokens`` = N in both modes: padded, a micro-batch's
+tokens count its padding; packed, only real tokens, so packed micro-batches hold more groups (and
+take more memory than the padded ones, up to the same budget). Packed rows are
+``trainer.packing_row_tokens`` (``--row``; ``auto``: as wide as the longest sequence with SDPA).
 
 Per process: build the model (seed 0), take one warm-up step (the AdamW state; its loss and
 gradient norm must equal the other mode's within fp32 reordering, so both do the same work), then
@@ -130,6 +133,7 @@ def measure(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
         sync_interval=10**6,  # no publication inside the measured steps
         micro_batch_tokens=a.budget,
         packing=mode == "packed",
+        packing_row_tokens=a.row,
     )
     trainer = Trainer(
         model,
@@ -195,7 +199,8 @@ def run_one(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
         "--group-size",
         a.group_size,
     ]
-    cmd += ["--threads", a.threads, "--repeats", a.repeats, "--budget", a.budget, "--device", a.device]
+    cmd += ["--threads", a.threads, "--repeats", a.repeats, "--budget", str(a.budget), "--device", a.device]
+    cmd += ["--row", a.row]
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
     if proc.returncode != 0:
         raise RuntimeError(f"{model_name} {data} {mode} failed:\n{proc.stderr[-3000:]}")
@@ -234,7 +239,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--data", nargs="+", default=["gsm8k", "chains"], choices=["gsm8k", "chains"])
     parser.add_argument("--groups", type=int, default=4, help="prompts per batch")
     parser.add_argument("--group-size", type=int, default=4, help="completions per prompt (K)")
-    parser.add_argument("--budget", type=int, default=4096, help="trainer.micro_batch_tokens in both modes")
+    parser.add_argument(
+        "--budget",
+        type=lambda v: None if v.lower() == "none" else int(v),
+        default=None,
+        help="trainer.micro_batch_tokens in both modes (default none: the whole batch in one pass)",
+    )
+    parser.add_argument(
+        "--row",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="trainer.packing_row_tokens of the packed mode (auto: as wide as the longest sequence with SDPA)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every measured process")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per mode after the warm-up")
     parser.add_argument("--rounds", type=int, default=1, help="padded then packed, this many times (rows averaged)")
@@ -297,6 +313,8 @@ def main() -> None:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "device": a.device,
+            "budget": a.budget,
+            "row": a.row,
             "argv": sys.argv[1:],
         }
         (a.out / "results.json").write_text(json.dumps({"machine": meta, "rows": rows}, indent=1))

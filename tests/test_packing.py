@@ -11,7 +11,7 @@ import torch
 from tests.numerics import assert_reordered_close, batch_tokens, model_terms
 
 from tba.models.logprobs import token_logprobs
-from tba.models.packing import packed_token_logprobs, packing_problem, plan_rows
+from tba.models.packing import packed_token_logprobs, packing_problem, plan_rows, worth_packing
 
 
 def test_plan_rows_keeps_sequences_whole_in_balanced_rows():
@@ -37,8 +37,8 @@ def _batch(tokenizer, n=6, seed=0):
     return prompts, completions
 
 
-@pytest.mark.parametrize("max_tokens", [None, 24], ids=["one-row", "rows-of-24"])
-def test_packed_log_probs_and_gradients_equal_padded(tiny_model, tokenizer, max_tokens):
+@pytest.mark.parametrize("width", [None, 24, "longest"], ids=["one-row", "rows-of-24", "rows-as-the-longest"])
+def test_packed_log_probs_and_gradients_equal_padded(tiny_model, tokenizer, width):
     prompts, completions = _batch(tokenizer)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     tiny_model.zero_grad()
@@ -46,7 +46,7 @@ def test_packed_log_probs_and_gradients_equal_padded(tiny_model, tokenizer, max_
     (padded * mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
     tiny_model.zero_grad()
-    packed, packed_mask = packed_token_logprobs(tiny_model, prompts, completions, eos, max_tokens=max_tokens)
+    packed, packed_mask = packed_token_logprobs(tiny_model, prompts, completions, eos, width=width)
     (packed * packed_mask).sum().backward()
     assert torch.equal(mask, packed_mask)  # the loss sees the same tokens
     tokens = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
@@ -145,15 +145,19 @@ def test_a_packed_trainer_step_equals_the_padded_step(tiny_model, tokenizer, obj
 
     batch = uneven_batch(tokenizer)
     padded, m_pad = step_gradients(tiny_model, tokenizer, batch, objective, packing=False)
-    packed, m_pack = step_gradients(tiny_model, tokenizer, batch, objective)  # the default
+    packed, m_pack = step_gradients(tiny_model, tokenizer, batch, objective)  # the default: rows as the longest
+    one_row, m_row = step_gradients(tiny_model, tokenizer, batch, objective, packing_row_tokens=4096)
     tokens = batch_tokens(batch)
-    assert m_pack["train/tokens"] == m_pad["train/tokens"] == tokens  # the loss sees the same tokens
-    assert m_pack["train/padding_fraction"] == 0.0  # the batch fits one row of 1024
+    # the loss sees the same tokens
+    assert m_pack["train/tokens"] == m_pad["train/tokens"] == m_row["train/tokens"] == tokens
+    assert m_row["train/padding_fraction"] == 0.0  # the batch in one row
+    assert m_pack["train/padding_fraction"] < 0.1  # the ends of balanced rows
     assert m_pad["train/padding_fraction"] > 0.3  # prompts of 2-20 tokens, completions of 1-40
     assert m_pack["train/tokens_per_s"] > 0
-    assert_grads_close(packed, padded, model_terms(tiny_model.config, tokens))
-    for key in ("train/loss", "train/kl", "train/reward_mean"):
-        assert_reordered_close(m_pack[key], m_pad[key], terms=model_terms(tiny_model.config, tokens))
+    for grads, m in ((packed, m_pack), (one_row, m_row)):
+        assert_grads_close(grads, padded, model_terms(tiny_model.config, tokens))
+        for key in ("train/loss", "train/kl", "train/reward_mean"):
+            assert_reordered_close(m[key], m_pad[key], terms=model_terms(tiny_model.config, tokens))
 
 
 def test_packed_micro_batches_count_real_tokens(tiny_model, tokenizer):
@@ -183,9 +187,11 @@ def test_the_reference_pass_packs_and_gives_the_padded_log_probs(tiny_model, tok
 
     prompts, completions = _batch(tokenizer, n=10, seed=4)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    lens = [len(p) for p in prompts], [len(c) for c in completions]
+    assert worth_packing(*lens, "longest") and not worth_packing([4, 4], [6, 6], "longest")  # alike: padded
     with torch.no_grad():
-        padded = sequence_logprobs(tiny_model, prompts, completions, pad, eos, max_tokens=60)
-        packed = packed_sequence_logprobs(tiny_model, prompts, completions, pad, eos, max_tokens=60, row_width=24)
+        padded = sequence_logprobs(tiny_model, prompts, completions, pad, eos)
+        packed = packed_sequence_logprobs(tiny_model, prompts, completions, pad, eos, width="longest")
     tokens = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
     assert_reordered_close(packed, padded, terms=model_terms(tiny_model.config, tokens) + tokens)
 
@@ -206,6 +212,8 @@ def test_a_searcher_packs_its_reference_pass(tiny_model, tokenizer):
 
     prompts, completions = _batch(tokenizer, n=4, seed=5)
     kept = [[(c, 1.0, True), (c[::-1], 0.0, False)] for c in completions]
+    lens = [len(p) for p in prompts for _ in range(2)], [len(c) for c in completions for _ in range(2)]
+    assert worth_packing(*lens, "longest")  # the packed searcher's pass does pack
     task_prompts = ArithmeticTask(digits=1, eval_size=4).sample_prompts(4, random.Random(0))
     groups = {}
     for packing in (False, True):
@@ -274,7 +282,7 @@ def test_packed_equals_padded_under_bf16_autocast_and_checkpointing(tiny_model, 
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if packed:
-                logp, mask = packed_token_logprobs(model, prompts, completions, eos, max_tokens=24)
+                logp, mask = packed_token_logprobs(model, prompts, completions, eos, width=24)
             else:
                 logp, mask = token_logprobs(model, prompts, completions, pad, eos)
         (logp * mask).sum().backward()

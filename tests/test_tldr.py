@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from tba.config import load_config
 from tba.eval_metrics import win_rate
 from tba.metrics import read_metrics
-from tba.models.logprobs import kl_and_ref_nll
+from tba.models.divergence import kl_and_ref_nll
 from tba.rewards import RewardStats
 from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync
@@ -71,15 +71,21 @@ def test_win_rate_counts_ties_as_losses():
         win_rate([1.0], [1.0, 2.0])
 
 
-def test_kl_and_reference_nll_against_an_explicit_per_position_sum(tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_kl_and_reference_nll_against_an_explicit_per_position_sum(tmp_path, packed):
+    from tba.models.packing import can_pack, row_tokens, worth_packing
+
     policy_path = build_bpe_chat_model(tmp_path / "p", seed=0)
     ref_path = build_bpe_chat_model(tmp_path / "r", seed=1)
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(policy_path).eval()
     ref = AutoModelForCausalLM.from_pretrained(ref_path).eval()
-    prompts, completions = [[5, 6, 7], [8, 9]], [[10, 11, 12, 0], [13, 14]]  # 0 is EOS: counted
-    kl, nll, n = kl_and_ref_nll(policy, ref, prompts, completions, pad_id=0, eos_ids={0}, micro_batch=1)
+    prompts, completions = [[5, 6, 7], [8, 9], [4]], [[10, 11, 12, 0], [13, 14], [15]]  # 0 is EOS: counted
+    if packed:  # lengths 7, 4 and 2: two rows of 7 instead of three, so the pass is packed
+        assert worth_packing([3, 2, 1], [4, 2, 1], row_tokens(policy))
+    assert can_pack(policy) and can_pack(ref)
+    kl, nll, n = kl_and_ref_nll(policy, ref, prompts, completions, pad_id=0, eos_ids={0}, micro_batch=3, packed=packed)
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         seq = torch.tensor([p + c])
         with torch.no_grad():
@@ -90,7 +96,7 @@ def test_kl_and_reference_nll_against_an_explicit_per_position_sum(tmp_path):
             pos = len(p) - 1 + t  # the logits that predict completion token t
             per_pos.append(sum(lp[pos, v].exp() * (lp[pos, v] - lr[pos, v]) for v in range(lp.shape[-1])).item())
             total_nll -= lr[pos, c[t]].item()
-        # one sequence at a time against a padded batch; the KL adds the vocabulary's terms per position
+        # one sequence at a time against a padded or packed batch; the KL adds the vocabulary's terms per position
         terms = model_terms(policy.config, len(p) + len(c)) + len(c) * policy.config.vocab_size
         assert_reordered_close(kl[i].item(), sum(per_pos) / len(c), terms=terms, scale=total_nll / len(c))
         assert_reordered_close(nll[i].item(), total_nll, terms=terms)

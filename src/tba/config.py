@@ -608,8 +608,9 @@ class TrainerConfig(_Section):
     padded, with one warning. false: pad every pass (to the longest sequence of its micro-batch)."""
     packing_row_tokens: int | Literal["auto"] = "auto"
     """Positions of one packed row. ``auto``: one row a pass with flash attention or flex attention
-    (their cost stays within sequences); 1024 with ``sdpa`` and ``eager``, whose dense mask computes
-    every position of a row against every other, so a row's width costs attention."""
+    (their cost stays within sequences); with ``sdpa`` and ``eager``, whose dense mask computes every
+    position of a row against every other, rows as wide as the pass's longest sequence, so a packed
+    pass never computes more positions or attention scores than the padded one."""
     reference_packing: bool = True
     """Pack the searchers' reference log-prob passes and evaluation's scoring passes too (as
     ``packing``; the reference model falls back to padding by the same check)."""

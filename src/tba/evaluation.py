@@ -118,6 +118,7 @@ def eval_settings(cfg: Config) -> EvalSettings:
         temperature=g.temperature,
         top_p=g.top_p,
         log_samples=e.log_samples,
+        packing=cfg.trainer.reference_packing,
     )
 
 

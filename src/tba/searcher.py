@@ -242,7 +242,7 @@ class Searcher:
             args = (self.reference, flat_prompts, flat_completions, self.tokenizer.pad_token_id, self.eos_ids)
             limits = {"micro_batch": self.ref_micro_batch, "max_tokens": self.ref_max_tokens}
             if self.ref_packed:
-                ref = packed_sequence_logprobs(*args, **limits, row_width=self.ref_row_width).tolist()
+                ref = packed_sequence_logprobs(*args, **limits, width=self.ref_row_width).tolist()
             else:
                 ref = sequence_logprobs(*args, **limits).tolist()
             self.ref_s += time.perf_counter() - start

@@ -31,9 +31,9 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import plan_micro_batches, token_logprobs, unwrap
+from tba.models.logprobs import plan_micro_batches, token_logprobs, truncate_at_eos, unwrap
 from tba.models.lora import load_policy_state, policy_state, published_state
-from tba.models.packing import forward_positions, packed_token_logprobs, packing_problem, row_tokens
+from tba.models.packing import forward_positions, packed_token_logprobs, packing_problem, row_tokens, worth_packing
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
@@ -400,12 +400,12 @@ class Trainer:
         for groups, share in zip(plan, weights, strict=True):
             rollouts = [r for g in groups for r in batch.group(g)]
             prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
-            completions = [list(r.completion) for r in rollouts]
+            completions = [truncate_at_eos(list(r.completion), self.eos_ids) for r in rollouts]
+            lens = [len(p) for p in prompts], [len(c) for c in completions]
+            packed = self.packed and worth_packing(*lens, self.row_width)
             with self.precision.autocast():
-                token_logp, mask = self._token_logprobs(prompts, completions)  # [G*K, T] each, fp32
-            positions, real = forward_positions(
-                [len(p) for p in prompts], [int(x) for x in mask.sum(-1).tolist()], self.packed, self.row_width
-            )
+                token_logp, mask = self._token_logprobs(prompts, completions, packed)  # [G*K, T] each, fp32
+            positions, real = forward_positions(*lens, packed, self.row_width)
             totals["train/tokens"] += real
             totals["train/positions"] += positions
             logp = token_logp.sum(-1)  # [G*K]
@@ -435,15 +435,15 @@ class Trainer:
         reductions, which is all a rank with fewer micro-batches than another must do."""
         rollout = batch.group(0)[0]
         with self.precision.autocast():
-            token_logp, _ = self._token_logprobs([batch.prompt_ids[0]], [list(rollout.completion)])
+            token_logp, _ = self._token_logprobs([batch.prompt_ids[0]], [list(rollout.completion)], self.packed)
         (token_logp.sum() * 0.0).backward()
 
-    def _token_logprobs(self, prompts, completions) -> tuple[torch.Tensor, torch.Tensor]:
+    def _token_logprobs(self, prompts, completions, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs ``[N, C]`` of ``completions`` under the policy and their mask: from
         packed rows, or a padded batch."""
-        if self.packed:
+        if packed:
             return packed_token_logprobs(
-                self.model, prompts, completions, self.eos_ids, max_tokens=self.row_width, pad_id=self.pad_id
+                self.model, prompts, completions, self.eos_ids, width=self.row_width, pad_id=self.pad_id
             )
         return token_logprobs(self.model, prompts, completions, self.pad_id, self.eos_ids)
 

@@ -94,6 +94,7 @@ class EvalSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     log_samples: int = 4  # problems whose completions are returned for samples.jsonl
+    packing: bool = True  # scoring passes (the KL to the reference) packed where the models can be
 
 
 @dataclass

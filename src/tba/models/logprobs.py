@@ -103,7 +103,7 @@ def completion_logprobs(
         states = out.hidden_states
         hidden = states[-1][:, p_len - 1 :] if states else None  # [N, C+1, H]: the head's input
         ok = hidden is not None and _head_gives_logits(head, hidden[:, -1:], out.logits[:, -1:])
-        if _on_every_rank(ok, ids.device):
+        if on_every_rank(ok, ids.device):
             return head_logprobs(head, hidden, targets, temperature)
         _HEAD_ALONE[type(unwrap(model))] = False  # and do not try again for this kind of model
     return gathered_logprobs(completion_logits(model, ids, attn, p_len), targets, temperature)
@@ -137,7 +137,7 @@ def completion_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Ten
     return model(**_forward_kwargs(ids, attn)).logits[:, -keep:]
 
 
-def _on_every_rank(ok: bool, device: torch.device) -> bool:
+def on_every_rank(ok: bool, device: torch.device) -> bool:
     """``ok`` on every trainer rank (a process group of several): the path a rank takes decides the
     forward passes it runs, and each pass over sharded weights is a collective of all ranks, so one
     rank alone taking the logits path (a second forward) would leave the others waiting."""
@@ -363,40 +363,3 @@ def plan_micro_batches(
     if current:
         plan.append(current)
     return plan
-
-
-@torch.no_grad()
-def kl_and_ref_nll(
-    policy: torch.nn.Module,
-    reference: torch.nn.Module,
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    pad_id: int,
-    eos_ids: int | set[int] | None = None,
-    micro_batch: int = 16,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per sample: the mean over completion positions of the full-vocabulary KL(π ‖ π_ref), the
-    summed negative log-likelihood of the completion under π_ref, and its length in tokens.
-
-    KL_t = Σ_v π(v | x, y_<t) (log π(v | ·) − log π_ref(v | ·)), on the completion that π produced;
-    averaged over its positions, so every sample counts once whatever its length.
-    """
-    completions = [truncate_at_eos(c, eos_ids) for c in completions]
-    kls, nlls, lens = [], [], []
-    for i in range(0, len(prompts), micro_batch):
-        ps, cs = prompts[i : i + micro_batch], completions[i : i + micro_batch]
-        device = next(policy.parameters()).device
-        ids, attn, comp_mask, p_len = pack(ps, cs, pad_id, device)
-        logp = []
-        for m in (policy, reference):
-            m_device = next(m.parameters()).device
-            logits = completion_logits(m, ids.to(m_device), attn.to(m_device), p_len)[:, :-1]  # [n, C, V]
-            logp.append(F.log_softmax(logits.float().to(device), dim=-1))  # 2 x [n, C, V]
-        mask = comp_mask.float()  # [n, C]
-        kl_t = (logp[0].exp() * (logp[0] - logp[1])).sum(-1)  # [n, C]
-        nll_t = -torch.gather(logp[1], -1, ids[:, p_len:].unsqueeze(-1)).squeeze(-1)  # [n, C]
-        n_tok = mask.sum(-1)
-        kls.append((kl_t * mask).sum(-1) / n_tok.clamp(min=1))
-        nlls.append((nll_t * mask).sum(-1))
-        lens.append(n_tok)
-    return torch.cat(kls).cpu(), torch.cat(nlls).cpu(), torch.cat(lens).cpu()

@@ -18,11 +18,14 @@ take it (the caller then pads).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from tba.models.logprobs import (
     chunked_sums,
     head_logprobs,
+    on_every_rank,
     output_head,
     plan_micro_batches,
     token_logprobs,
@@ -59,24 +62,37 @@ def plan_rows(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 ATTENTION_ONE_ROW = ("flash_attention_2", "flash_attention_3", "flex_attention")
 """Attention implementations whose cost stays within each sequence (variable-length kernels, a
-block-sparse mask): a micro-batch goes into one row. The others (``sdpa``, ``eager``) compute every
-query against every key of a row under a dense mask, so rows are kept short (:func:`row_tokens`);
-flash attention's packed path also takes one row only (a batch of one)."""
+block-sparse mask): a pass goes into one row (flash attention's packed path also takes one row
+only, a batch of one)."""
 
-DENSE_ROW_TOKENS = 1024
-"""Positions of a packed row under a dense mask (``sdpa``, ``eager``): the attention a row wastes
-across its sequences grows with its width, the padding left at the ends of rows shrinks with it;
-measured on CPU (benchmarks/README.md, "Packed sequences"), 1024 was fastest of 1024-4096."""
+LONGEST = "longest"
+"""A row width: as wide as the longest sequence of the pass. For ``sdpa`` and ``eager``, whose
+dense mask computes every query of a row against every key of it: a packed pass then computes at
+most the positions, and the attention scores, of the padded pass over the same sequences (each
+sequence fits a row of the longest's width, rows are no wider than the padded batch), and short
+sequences share rows instead of padding to the longest. Wider rows leave less padding at their
+ends but waste attention across sequences: on a CPU, one row of 1,000-4,000 positions was slower
+than the padded batch on short, alike sequences and took more memory (benchmarks/README.md)."""
 
 
-def row_tokens(model: torch.nn.Module, setting: int | str | None = "auto") -> int | None:
+def row_tokens(model: torch.nn.Module, setting: int | str | None = "auto") -> int | str | None:
     """The width of packed rows for ``model``: ``setting`` when it is a number; ``"auto"``: one
     row per pass (None) where attention stays within sequences (:data:`ATTENTION_ONE_ROW`), else
-    :data:`DENSE_ROW_TOKENS` (a longer sequence takes a row of its own)."""
+    :data:`LONGEST`."""
     if setting != "auto":
         return setting
     attention = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", None)
-    return None if attention in ATTENTION_ONE_ROW else DENSE_ROW_TOKENS
+    return None if attention in ATTENTION_ONE_ROW else LONGEST
+
+
+def positions_per_row(lengths: list[int], width: int | str | None) -> int:
+    """Positions per row for sequences of ``lengths``: ``width`` (a number), the longest sequence
+    (:data:`LONGEST`) or all in one row (None)."""
+    if width is None:
+        return max(1, sum(lengths))
+    if width == LONGEST:
+        return max(1, max(lengths, default=1))
+    return width
 
 
 def packing_problem(model: torch.nn.Module, probe: bool = True) -> str | None:
@@ -124,6 +140,17 @@ def packing_problem(model: torch.nn.Module, probe: bool = True) -> str | None:
     return None
 
 
+_PROBED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def can_pack(model: torch.nn.Module) -> bool:
+    """:func:`packing_problem` finds none, probe included; probed once per model object (its
+    weights may change, its architecture does not)."""
+    if model not in _PROBED:
+        _PROBED[model] = packing_problem(model) is None
+    return _PROBED[model]
+
+
 def _reshard(model: torch.nn.Module) -> None:
     """FSDP2 leaves the root module's weights gathered after a forward pass (the backward pass it
     expects needs them): with no backward after the probe, shard them again, else an optimizer
@@ -143,16 +170,16 @@ def packed_token_logprobs(
     completions: list[list[int]],
     eos_ids: int | set[int] | None = None,
     temperature: float = 1.0,
-    max_tokens: int | None = None,
+    width: int | str | None = None,
     pad_id: int = 0,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs ``[N, C]`` of the completion tokens in fp32 (0 where masked) and the
     mask ``[N, C]``, as :func:`tba.models.logprobs.token_logprobs`, from rows of packed sequences
-    (``max_tokens`` positions a row; default: all in one row). ``pad_id`` fills the end of rows
-    shorter than the longest: it is attended by nothing. ``check``: refuse a model
-    :func:`packing_problem` refuses (without its probe)."""
-    head, picked, targets, mask = _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, check)
+    (``width``: positions a row, :data:`LONGEST`, or None, the default, for one row). ``pad_id``
+    fills the end of rows shorter than the longest: it is attended by nothing. ``check``: refuse a
+    model :func:`packing_problem` refuses (without its probe)."""
+    head, picked, targets, mask = _packed_hidden(model, prompts, completions, eos_ids, width, pad_id, check)
     logp = head_logprobs(head, picked, targets, temperature)[:, : mask.shape[1]]
     return logp * mask, mask
 
@@ -166,20 +193,23 @@ def packed_sequence_logprobs(
     temperature: float = 1.0,
     micro_batch: int | None = None,
     max_tokens: int | None = None,
-    row_width: int | None = None,
+    width: int | str | None = None,
 ) -> torch.Tensor:
     """:func:`tba.models.logprobs.sequence_logprobs` from packed passes: ``max_tokens`` counts real
     tokens (prompt and completion of each sequence), each pass packs its sequences into rows of
-    ``row_width`` positions (None: one row)."""
+    ``width`` positions (:func:`positions_per_row`), or pads them where that computes about as
+    much (:func:`worth_packing`)."""
     sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
     real = [p + c for p, c in sizes]
     chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, real_tokens=real)
-    return chunked_sums(
-        lambda ps, cs: packed_token_logprobs(model, ps, cs, eos_ids, temperature, row_width, pad_id),
-        prompts,
-        completions,
-        chunks,
-    )
+
+    def logprobs(ps, cs):
+        cs = [truncate_at_eos(c, eos_ids) for c in cs]
+        if worth_packing([len(p) for p in ps], [len(c) for c in cs], width):
+            return packed_token_logprobs(model, ps, cs, None, temperature, width, pad_id)
+        return token_logprobs(model, ps, cs, pad_id, None, temperature)
+
+    return chunked_sums(logprobs, prompts, completions, chunks)
 
 
 def packed_completion_logits(
@@ -187,17 +217,17 @@ def packed_completion_logits(
     prompts: list[list[int]],
     completions: list[list[int]],
     eos_ids: int | set[int] | None = None,
-    max_tokens: int | None = None,
+    width: int | str | None = LONGEST,
     pad_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The full-vocabulary logits ``[N, C, V]`` that predict each completion token, and the mask
     ``[N, C]``, from packed rows (as :func:`tba.models.logprobs.completion_logits` from a padded
     batch)."""
-    head, picked, _, mask = _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, True)
+    head, picked, _, mask = _packed_hidden(model, prompts, completions, eos_ids, width, pad_id, True)
     return head(picked[:, : mask.shape[1]]), mask
 
 
-def _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, check):
+def _packed_hidden(model, prompts, completions, eos_ids, width, pad_id, check):
     """The packed forward: the output head, the last hidden states ``[N, C+1, H]`` from each
     sequence's last prompt position through its last token (the last one predicts past the end: a
     dummy target), the targets ``[N, C+1]`` and the mask ``[N, C]``."""
@@ -209,7 +239,7 @@ def _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, che
         raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
     completions = [truncate_at_eos(c, eos_ids) for c in completions]
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
-    rows = plan_rows(lengths, max_tokens or sum(lengths))
+    rows = plan_rows(lengths, positions_per_row(lengths, width))
     width = max(sum(lengths[i] for i in row) for row in rows)
     device = next(model.parameters()).device
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -230,9 +260,12 @@ def _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, che
     head = output_head(model)
     with torch.no_grad():  # the head path holds only where the model's logits are its head's output
         last = head(hidden[:, -1:]).float()
-    if last.shape != out.logits[:, -1:].shape or not torch.allclose(
-        last, out.logits[:, -1:].float(), rtol=1e-3, atol=1e-3
-    ):
+        ok = last.shape == out.logits[:, -1:].shape and torch.allclose(
+            last, out.logits[:, -1:].float(), rtol=1e-3, atol=1e-3
+        )
+    # agreed with the other trainer ranks as the padded path does, so that ranks whose passes take
+    # different layouts still run the same collectives
+    if not on_every_rank(ok, hidden.device):
         raise ValueError("this model cannot be packed: its logits are not its output head's (scaled or capped)")
     # position t predicts token t+1: from each sequence's last prompt position to its last token
     c_len = max(1, max(len(c) for c in completions))
@@ -252,17 +285,32 @@ def _packed_hidden(model, prompts, completions, eos_ids, max_tokens, pad_id, che
     return head, picked, targets.to(device), mask.to(device)
 
 
+PACK_GAIN = 0.9
+"""A pass is packed only if that computes at most this share of the padded pass's positions: a
+packed pass costs a little more per position (the mask built from the restarts, the gather of
+completion positions), which on sequences of like length (worked chains: 9% padding either way)
+made it 4-17% slower on a CPU (benchmarks/README.md, "Packed sequences")."""
+
+
+def worth_packing(prompt_lens: list[int], completion_lens: list[int], width: int | str | None) -> bool:
+    """Whether packing these sequences in rows of ``width`` saves enough positions over padding
+    them (:data:`PACK_GAIN`)."""
+    packed, _ = forward_positions(prompt_lens, completion_lens, True, width)
+    padded, _ = forward_positions(prompt_lens, completion_lens, False)
+    return packed <= PACK_GAIN * padded
+
+
 def forward_positions(
-    prompt_lens: list[int], completion_lens: list[int], packed: bool, row_width: int | None = None
+    prompt_lens: list[int], completion_lens: list[int], packed: bool, width: int | str | None = None
 ) -> tuple[int, int]:
     """(positions computed, real tokens) of one forward pass over these sequences: padded (every
     sequence as wide as the longest prompt plus the longest completion) or ``packed`` in rows of
-    ``row_width`` positions (None: one row)."""
+    ``width`` positions (:func:`positions_per_row`)."""
     lengths = [p + c for p, c in zip(prompt_lens, completion_lens, strict=True)]
     real = sum(lengths)
     if not lengths:
         return 0, 0
     if not packed:
         return len(lengths) * (max(prompt_lens) + max(1, max(completion_lens))), real
-    planned = plan_rows(lengths, row_width or real)
+    planned = plan_rows(lengths, positions_per_row(lengths, width))
     return len(planned) * max(sum(lengths[i] for i in row) for row in planned), real

@@ -26,8 +26,8 @@ import math
 from typing import Any
 
 from tba.eval_metrics import win_rate
+from tba.models.divergence import kl_and_ref_nll
 from tba.models.loading import encode_prompts
-from tba.models.logprobs import kl_and_ref_nll
 from tba.rewards import RewardFn, make_reward_fn
 from tba.tasks.base import EvalContext
 from tba.tasks.data import DatasetLoadError, DataTask
@@ -127,6 +127,7 @@ class TLDRTask(DataTask):
                     [outs[i].token_ids for i in nonempty],
                     ctx.tokenizer.pad_token_id,
                     ctx.eos_ids,
+                    packed=ctx.settings.packing,
                 )
                 metrics["eval/kl"] = kl.mean().item()
                 metrics["eval/ref_perplexity"] = math.exp(nll.sum().item() / max(n_tok.sum().item(), 1))
