@@ -595,11 +595,12 @@ class TrainerConfig(_Section):
     """Groups per forward/backward pass (gradient accumulation); default: the whole batch."""
     micro_batch_tokens: int | None = Field(None, ge=1)
     """Token budget of one forward/backward pass: micro-batches are filled with whole groups (the
-    per-prompt log Z needs all K completions) while their tokens stay within it: real tokens when
-    packed (``packing``), else sequences × (longest prompt + longest completion), padding included;
-    a group larger than the budget runs alone. Groups are ordered by length first. Combines with
-    ``micro_batch_prompts`` (both limits hold). The step equals one pass over the whole batch: each
-    micro-batch's loss is weighted by its share of it."""
+    per-prompt log Z needs all K completions) while the positions their pass computes stay within
+    it, padding included: sequences × (longest prompt + longest completion) when padded, rows ×
+    their width when packed (``packing``), so packed passes hold more real tokens in the same
+    budget. A group larger than the budget runs alone. Groups are ordered by length first. Combines
+    with ``micro_batch_prompts`` (both limits hold). The step equals one pass over the whole batch:
+    each micro-batch's loss is weighted by its share of it."""
     packing: bool = True
     """Packed (padding-free) forward and backward passes: a micro-batch's sequences are concatenated
     into rows with ``position_ids`` restarting at each, and attention stays within each sequence, so

@@ -33,7 +33,14 @@ from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import plan_micro_batches, token_logprobs, truncate_at_eos, unwrap
 from tba.models.lora import load_policy_state, policy_state, published_state
-from tba.models.packing import forward_positions, packed_token_logprobs, packing_problem, row_tokens, worth_packing
+from tba.models.packing import (
+    forward_positions,
+    packed_token_logprobs,
+    packing_problem,
+    pass_cost,
+    row_tokens,
+    worth_packing,
+)
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
@@ -126,26 +133,27 @@ def group_tokens(batch: Batch) -> list[int]:
     return [sum(len(batch.prompt_ids[g]) + len(r.completion) for r in batch.group(g)) for g in range(batch.num_groups)]
 
 
-def plan_groups(batch: Batch, cfg, packed: bool, groups: list[int] | None = None) -> list[list[int]]:
+def plan_groups(batch: Batch, cfg, packed: bool, groups: list[int] | None = None, width=None) -> list[list[int]]:
     """The micro-batches of ``groups`` of ``batch`` (default all; as positions in ``groups``) under
-    ``cfg``'s limits: the token budget counts padded tokens, or real ones when ``packed``."""
+    ``cfg``'s limits: the token budget bounds the positions each pass computes, padded, or packed
+    in rows of ``width`` where that pays (:func:`tba.models.packing.pass_cost`)."""
     groups = list(range(batch.num_groups)) if groups is None else groups
-    sizes, real = group_lengths(batch), group_tokens(batch) if packed else None
+    sizes = group_lengths(batch)
+    cost = None
+    if packed:
+        lengths = [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in groups]
+        cost = pass_cost(lengths, width)
     return plan_micro_batches(
-        [sizes[g] for g in groups],
-        batch.group_size,
-        cfg.micro_batch_prompts,
-        cfg.micro_batch_tokens,
-        real_tokens=[real[g] for g in groups] if real is not None else None,
+        [sizes[g] for g in groups], batch.group_size, cfg.micro_batch_prompts, cfg.micro_batch_tokens, cost=cost
     )
 
 
-def rank_passes(batch: Batch, parts: list[list[int]], cfg, packed: bool = False) -> int:
+def rank_passes(batch: Batch, parts: list[list[int]], cfg, packed: bool = False, width=None) -> int:
     """The most forward and backward passes a rank runs when the ranks take ``parts`` of ``batch``
     (group indices each) under ``cfg``'s micro-batch limits. Every pass over sharded weights is a
     collective (FSDP2 gathers each layer's weights, reduces its gradients): a rank with fewer passes
     runs empty ones up to this count, else the others wait for it until the group times out."""
-    return max(len(plan_groups(batch, cfg, packed, part)) for part in parts)
+    return max(len(plan_groups(batch, cfg, packed, part, width)) for part in parts)
 
 
 def packing_choice(model: torch.nn.Module, cfg) -> tuple[bool, int | None]:
@@ -391,10 +399,15 @@ class Trainer:
         self, batch: Batch, beta: float, scale: float = 1.0, passes: int | None = None
     ) -> dict[str, float]:
         k, n = self.group_size, batch.num_groups
-        plan = plan_groups(batch, self.cfg, self.packed)
+        plan = plan_groups(batch, self.cfg, self.packed, width=self.row_width)
         for _ in range(len(plan), passes or 0):  # the gathers and reductions the other ranks wait for
             self._empty_pass(batch)
-        self._count_oversize(group_tokens(batch) if self.packed else [k * (p + c) for p, c in group_lengths(batch)])
+        if self.packed:  # what each group's pass alone would compute
+            lengths = [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in range(n)]
+            cost = pass_cost(lengths, self.row_width)
+            self._count_oversize([cost([g]) for g in range(n)])
+        else:
+            self._count_oversize([k * (p + c) for p, c in group_lengths(batch)])
         weights = loss_shares(batch, plan, self.objective.type)
         totals: dict[str, float] = {"train/tokens": 0.0, "train/positions": 0.0}
         for groups, share in zip(plan, weights, strict=True):
@@ -449,7 +462,7 @@ class Trainer:
 
     def _count_oversize(self, tokens: list[int]) -> None:
         """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first.
-        ``tokens``: each group's tokens as the budget counts them (padded, or real when packed)."""
+        ``tokens``: each group's tokens as the budget counts them (the positions its pass computes)."""
         budget = self.cfg.micro_batch_tokens
         over = [t for t in tokens if budget is not None and t > budget]
         if over and not self.oversize_groups:

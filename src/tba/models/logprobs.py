@@ -335,31 +335,32 @@ def plan_micro_batches(
     group_size: int,
     max_groups: int | None = None,
     max_tokens: int | None = None,
-    real_tokens: list[int] | None = None,
+    cost=None,
 ) -> list[list[int]]:
     """Groups per micro-batch, as lists of group indices. ``sizes[g]`` is (longest prompt, longest
     completion) of group g, in tokens. A micro-batch holds at most ``max_groups`` groups and at most
-    ``max_tokens`` tokens: padded ones (sequences × (longest prompt + longest completion) in it),
-    or, given ``real_tokens`` (each group's own, for packed passes), the sum of those. A group over
-    the budget alone goes alone. With a token budget, groups are taken shortest first, so groups of
-    like length share a micro-batch and little goes to padding."""
+    ``max_tokens`` tokens: the positions its pass computes, ``cost(groups)`` (for packed passes),
+    by default the padded batch's (sequences × (longest prompt + longest completion) in it). A
+    group over the budget alone goes alone. With a token budget, groups are taken shortest first,
+    so groups of like length share a micro-batch and little goes to padding."""
     order = list(range(len(sizes)))
     if max_tokens is not None:
         order.sort(key=lambda g: sum(sizes[g]))  # stable: equal lengths keep the batch's order
     plan: list[list[int]] = []
     current: list[int] = []
-    longest_p = longest_c = real = 0
+    longest_p = longest_c = 0
     for g in order:
         p, c = max(longest_p, sizes[g][0]), max(longest_c, sizes[g][1])
-        tokens = real + real_tokens[g] if real_tokens is not None else (len(current) + 1) * group_size * (p + c)
         too_many = max_groups is not None and len(current) >= max_groups
-        too_long = max_tokens is not None and tokens > max_tokens
+        too_long = False
+        if max_tokens is not None and current and not too_many:
+            tokens = cost([*current, g]) if cost is not None else (len(current) + 1) * group_size * (p + c)
+            too_long = tokens > max_tokens
         if current and (too_many or too_long):
             plan.append(current)
-            current, p, c, real = [], sizes[g][0], sizes[g][1], 0
+            current, p, c = [], sizes[g][0], sizes[g][1]
         current.append(g)
         longest_p, longest_c = p, c
-        real += real_tokens[g] if real_tokens is not None else 0
     if current:
         plan.append(current)
     return plan

@@ -195,13 +195,13 @@ def packed_sequence_logprobs(
     max_tokens: int | None = None,
     width: int | str | None = None,
 ) -> torch.Tensor:
-    """:func:`tba.models.logprobs.sequence_logprobs` from packed passes: ``max_tokens`` counts real
-    tokens (prompt and completion of each sequence), each pass packs its sequences into rows of
-    ``width`` positions (:func:`positions_per_row`), or pads them where that computes about as
-    much (:func:`worth_packing`)."""
+    """:func:`tba.models.logprobs.sequence_logprobs` from packed passes: each pass packs its
+    sequences into rows of ``width`` positions (:func:`positions_per_row`), or pads them where that
+    computes about as much (:func:`worth_packing`); ``max_tokens`` bounds the positions it computes
+    (:func:`pass_cost`)."""
+    completions = [truncate_at_eos(c, eos_ids) for c in completions]
     sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
-    real = [p + c for p, c in sizes]
-    chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, real_tokens=real)
+    chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, cost=pass_cost([(s,) for s in sizes], width))
 
     def logprobs(ps, cs):
         cs = [truncate_at_eos(c, eos_ids) for c in cs]
@@ -298,6 +298,22 @@ def worth_packing(prompt_lens: list[int], completion_lens: list[int], width: int
     packed, _ = forward_positions(prompt_lens, completion_lens, True, width)
     padded, _ = forward_positions(prompt_lens, completion_lens, False)
     return packed <= PACK_GAIN * padded
+
+
+def pass_cost(groups: list[list[tuple[int, int]]], width: int | str | None):
+    """The cost function of :func:`tba.models.logprobs.plan_micro_batches` for passes that pack
+    where it pays (:func:`worth_packing`): the positions a pass over some of ``groups`` computes,
+    ``groups[g]`` being the (prompt, completion) lengths of group g's sequences. So a token budget
+    bounds what a pass computes, and its memory, packed or padded; packed passes hold more real
+    tokens in it."""
+
+    def cost(chosen: list[int]) -> int:
+        prompts = [p for g in chosen for p, _ in groups[g]]
+        completions = [c for g in chosen for _, c in groups[g]]
+        packed = worth_packing(prompts, completions, width)
+        return forward_positions(prompts, completions, packed, width)[0]
+
+    return cost
 
 
 def forward_positions(

@@ -91,9 +91,10 @@ class TrainerRank:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def join(self, host: str, port: int, pad_id: int, eos_ids: set[int]) -> bool:
+    def join(self, host: str, port: int, pad_id: int, eos_ids: set[int]) -> tuple[bool, int | str | None]:
         """Join the process group, load the policy, shard it, build the optimizer; whether its
-        passes are packed (every rank's must be, since each pass is a collective)."""
+        passes are packed and in rows of what width (the same on every rank: the ranks plan their
+        passes alike, since each pass is a collective)."""
 
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # hidden states are read, not changed
         quiet_transformers()
@@ -125,7 +126,7 @@ class TrainerRank:
         model = shard_policy(load_trainer_policy(load_cfg, policy_path, load_on, precision), precision, device)
         self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
-        return self.trainer.packed
+        return self.trainer.packed, self.trainer.row_width
 
     def update(self, batch: Batch, version: int, scale: float, passes: int | None = None) -> dict[str, float]:
         t = self.trainer
@@ -262,10 +263,10 @@ class RankGroup:
             for r in range(n)
         ]
         host, port = self._call("address", [()], ranks=[0])[0]
-        packed = self._call("join", [(host, port, pad_id, eos_ids)] * n)
-        if len(set(packed)) > 1:
-            raise RuntimeError(f"trainer ranks disagree on packing ({packed}): the same model must pack on every rank")
-        self.packed = packed[0]
+        packing = self._call("join", [(host, port, pad_id, eos_ids)] * n)
+        if len(set(packing)) > 1:
+            raise RuntimeError(f"trainer ranks disagree on packing ({packing}): the same model must pack on every rank")
+        self.packed, self.row_width = packing[0]
         if initial is not None:
             self._call("load_state_dict", [(initial, None)] + [(None, None)] * (n - 1))
         log(f"trainer: {n} ranks ({'NCCL on GPUs' if gpu else 'gloo on CPUs'}), FSDP2 per decoder layer")
@@ -277,7 +278,8 @@ class RankGroup:
             sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
         scales = loss_shares(batch, parts, self.cfg.objective.type)
-        passes = rank_passes(batch, parts, self.cfg.trainer, self.packed)  # equal on every rank: each is a collective
+        # equal on every rank: each pass is a collective
+        passes = rank_passes(batch, parts, self.cfg.trainer, self.packed, self.row_width)
         per_rank = self._call(
             "update", [(sub_batch(batch, p), version, s, passes) for p, s in zip(parts, scales, strict=True)]
         )
