@@ -178,20 +178,7 @@ def measure(vocab: int, length: int, variant: str, a: argparse.Namespace) -> dic
     trainer = make_trainer(model, variant, budget, a.group_size, device)
     batch = make_batch(vocab, a.prompt_len, length, a.groups, a.group_size)
     first = trainer.step(batch)  # allocates the AdamW state; the weights are still the seed's
-    cuda = device.type == "cuda"
-    peak = PeakMemory(device)
-    seconds, peaks = [], []
-    for _ in range(a.repeats):
-        if cuda:
-            torch.cuda.synchronize(device)
-        peak.reset()  # VmHWM := the resident size now (CUDA: the peak := what is allocated now)
-        base = torch.cuda.memory_allocated(device) if cuda else cpu_rss_bytes()
-        start = time.perf_counter()
-        trainer.step(batch)
-        if cuda:
-            torch.cuda.synchronize(device)
-        seconds.append(time.perf_counter() - start)
-        peaks.append((torch.cuda.max_memory_allocated(device) if cuda else cpu_peak_rss_bytes()) - base)
+    seconds, peaks = timed_steps(trainer, batch, device, a.repeats)
     return {
         "vocab": vocab,
         "completion_len": length,
@@ -205,6 +192,26 @@ def measure(vocab: int, length: int, variant: str, a: argparse.Namespace) -> dic
         "loss": first["train/loss"],
         "grad_norm": first["train/grad_norm"],
     }
+
+
+def timed_steps(trainer: Trainer, batch: Batch, device: torch.device, repeats: int) -> tuple[list, list]:
+    """Seconds and peak memory (bytes over what was held before it) of each of ``repeats`` steps:
+    the resident set's peak on a CPU, CUDA's peak allocated bytes on a GPU."""
+    cuda = device.type == "cuda"
+    peak = PeakMemory(device)
+    seconds, peaks = [], []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize(device)
+        peak.reset()  # VmHWM := the resident size now (CUDA: the peak := what is allocated now)
+        base = torch.cuda.memory_allocated(device) if cuda else cpu_rss_bytes()
+        start = time.perf_counter()
+        trainer.step(batch)
+        if cuda:
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+        peaks.append((torch.cuda.max_memory_allocated(device) if cuda else cpu_peak_rss_bytes()) - base)
+    return seconds, peaks
 
 
 # ------------------------------------------------------------------------------------------------

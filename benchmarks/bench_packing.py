@@ -49,15 +49,15 @@ import platform
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 import transformers
+from bench_memory import timed_steps  # benchmarks/ is on the path of a script run from it
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.precision import PeakMemory, Precision, cpu_peak_rss_bytes, cpu_rss_bytes
+from tba.models.precision import Precision
 from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
@@ -151,20 +151,7 @@ def measure(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
     batch = make_batch(data, tokenizer, a.groups, a.group_size)
     tokens = sum(len(batch.prompt_ids[g]) + len(r.completion) for g in range(batch.num_groups) for r in batch.group(g))
     first = trainer.step(batch)
-    cuda = device.type == "cuda"
-    peak = PeakMemory(device)
-    seconds, peaks = [], []
-    for _ in range(a.repeats):
-        if cuda:
-            torch.cuda.synchronize(device)
-        peak.reset()
-        base = torch.cuda.memory_allocated(device) if cuda else cpu_rss_bytes()
-        start = time.perf_counter()
-        trainer.step(batch)
-        if cuda:
-            torch.cuda.synchronize(device)
-        seconds.append(time.perf_counter() - start)
-        peaks.append((torch.cuda.max_memory_allocated(device) if cuda else cpu_peak_rss_bytes()) - base)
+    seconds, peaks = timed_steps(trainer, batch, device, a.repeats)
     mean_s = sum(seconds) / len(seconds)
     return {
         "model": model_name,
