@@ -21,6 +21,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "rewards": 1,
     "scoring": 1,
     "tools": 2,
+    "environments": 2,
     "grading": 1,
     "eval_metrics": 1,
     "tasks": 2,

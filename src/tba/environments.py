@@ -1,0 +1,124 @@
+"""Multi-turn environments: what a conversation is, turn by turn, beyond one prompt and one answer.
+
+An environment is any object with two methods, plain or ``async``:
+
+- ``reset(prompt) -> messages``: the conversation's opening messages (chat format: dicts with
+  ``role`` and ``content``) for a task prompt (:class:`tba.tasks.base.Prompt`);
+- ``step(messages) -> (new_messages, reward, done)``: given the conversation so far, whose last
+  message is the model's reply, the messages the environment answers with (tool results, a user
+  simulator's next turn, a grader's feedback), a reward (None: the task's reward functions score
+  the conversation) and whether it has ended.
+
+Tools are one built-in environment of this kind (:class:`ToolEnvironment`); games, user
+simulators and graders that talk back are others, loaded by ``module:Class``
+(:func:`load_environment`). The searcher owns the tokens: the model's replies are what it
+generated, the environment's messages are rendered by the chat template and appended as
+conditioning, never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from tba.tools import ToolError, load_tools, parse_tool_calls, run_tool
+
+
+def call(method: Callable, *args) -> Any:
+    """``method(*args)``, awaited to its end when it is a coroutine function (an environment's
+    methods may be either)."""
+    if inspect.iscoroutinefunction(method):
+        return asyncio.run(method(*args))
+    result = method(*args)
+    if inspect.isawaitable(result):
+        return asyncio.run(_awaited(result))
+    return result
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def load_environment(spec: str, **kwargs) -> Any:
+    """An environment from ``"module:Class"`` (or ``"module:factory"``) called with ``kwargs``,
+    checked to have ``reset`` and ``step``."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ToolError(f"task.environment: {spec!r} is not 'module:Class' (e.g. my_env:Game)")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ToolError(f"task.environment: cannot import {module!r} ({e}); is it on PYTHONPATH?") from None
+    except AttributeError:
+        raise ToolError(f"task.environment: module {module!r} has no {name!r}") from None
+    env = factory(**kwargs)
+    missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
+    if missing:
+        raise ToolError(
+            f"task.environment: {spec} has no {' or '.join(missing)}; an environment needs reset(prompt) -> messages "
+            "and step(messages) -> (new_messages, reward or None, done)"
+        )
+    return env
+
+
+def check_step(result, env) -> tuple[list[dict], float | None, bool]:
+    """An environment's ``step`` result, checked: a clear error for a wrong shape (a bug in the
+    environment, said once, with what was returned)."""
+    if not (isinstance(result, tuple) and len(result) == 3):
+        raise TypeError(
+            f"{type(env).__name__}.step must return (new_messages, reward or None, done), got {result!r:.200}"
+        )
+    messages, reward, done = result
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise TypeError(
+            f"{type(env).__name__}.step: new_messages must be a list of chat messages, got {messages!r:.200}"
+        )
+    if reward is not None:
+        reward = float(reward)
+    return messages, reward, bool(done)
+
+
+class ToolEnvironment:
+    """Tool use as an environment: the conversation opens with the prompt as the user's message;
+    each reply of the model is read for tool calls (in the chat template's format, ``fmt``), the
+    calls are run (each within ``timeout`` seconds) and their results come back as ``tool``
+    messages; a reply that calls nothing ends the conversation, as does the ``max_turns``-th reply.
+    The reward is left to the task's reward functions (the final answer). Counts calls, calls that
+    could not be read or raised (``errors``) and calls past their timeout (``timeouts``)."""
+
+    def __init__(
+        self, tools: list, fmt: str, max_turns: int = 4, timeout: float | None = 10.0, system: str | None = None
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.tools = load_tools(tools)
+        self.fmt = fmt
+        self.max_turns = max_turns
+        self.timeout = timeout
+        self.system = system
+        self.calls = self.errors = self.timeouts = 0
+
+    def reset(self, prompt) -> list[dict]:
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        return [*messages, {"role": "user", "content": prompt.text}]
+
+    def step(self, messages: list[dict]) -> tuple[list[dict], float | None, bool]:
+        turns = sum(m["role"] == "assistant" for m in messages)
+        calls = parse_tool_calls(messages[-1]["content"], self.fmt, self.tools)
+        if not calls:
+            return [], None, True
+        out = []
+        for c in calls:
+            result = run_tool(c, self.tools, self.timeout)
+            self.calls += 1
+            self.errors += result.status == "error"
+            self.timeouts += result.status == "timeout"
+            out.append({"role": "tool", "name": result.name or "unknown", "content": result.content})
+        return out, None, turns >= self.max_turns
+
+    def counts(self) -> dict[str, int]:
+        """Tool calls so far, and of them those that failed (unreadable or raised) and timed out."""
+        return {"calls": self.calls, "errors": self.errors, "timeouts": self.timeouts}

@@ -1,0 +1,95 @@
+"""Multi-turn environments (``tba.environments``): the interface, sync or async, loaded by name,
+and tool use as the built-in environment."""
+
+from __future__ import annotations
+
+import pytest
+from tests.test_tools import multiply, slow
+
+from tba.environments import ToolEnvironment, call, check_step, load_environment
+from tba.tasks.base import Prompt
+from tba.tools import ToolError
+
+
+class CountingGame:
+    """A user simulator: asks for the next number until the model says the target."""
+
+    def __init__(self, target: int = 3):
+        self.target = target
+
+    def reset(self, prompt):
+        return [{"role": "user", "content": f"count to {self.target}: {prompt.text}"}]
+
+    def step(self, messages):
+        said = messages[-1]["content"].strip()
+        if said == str(self.target):
+            return [], 1.0, True
+        return [{"role": "user", "content": "next"}], None, False
+
+
+class AsyncGame(CountingGame):
+    async def reset(self, prompt):
+        return super().reset(prompt)
+
+    async def step(self, messages):
+        return super().step(messages)
+
+
+class NoStep:
+    def reset(self, prompt):
+        return []
+
+
+def _call(text: str) -> str:
+    return f'<tool_call>{{"name": "multiply", "arguments": {text}}}</tool_call>'
+
+
+def test_tool_environment_runs_calls_until_the_model_answers():
+    env = ToolEnvironment([multiply], "hermes", max_turns=3, system="You may call tools.")
+    messages = env.reset(Prompt(id="p", text="what is 123 * 456?"))
+    assert messages == [
+        {"role": "system", "content": "You may call tools."},
+        {"role": "user", "content": "what is 123 * 456?"},
+    ]
+    messages.append({"role": "assistant", "content": _call('{"a": 123, "b": 456}')})
+    new, reward, done = env.step(messages)
+    assert new == [{"role": "tool", "name": "multiply", "content": "56088"}] and reward is None and not done
+    messages += [*new, {"role": "assistant", "content": "123 * 456 = 56088"}]
+    assert env.step(messages) == ([], None, True)  # no call: the answer, scored by the task's reward
+    assert env.counts() == {"calls": 1, "errors": 0, "timeouts": 0}
+
+
+def test_tool_errors_and_timeouts_are_messages_and_counted_and_turns_are_bounded():
+    env = ToolEnvironment([multiply, slow], "hermes", max_turns=2, timeout=0.2)
+    messages = [*env.reset(Prompt(id="p", text="q")), {"role": "assistant", "content": _call('{"a": 1}')}]
+    new, _, done = env.step(messages)
+    assert new[0]["content"].startswith("error: bad arguments for multiply") and not done
+    messages += [*new, {"role": "assistant", "content": '<tool_call>{"name": "slow", "arguments": {"seconds": 5}}'}]
+    new, _, done = env.step(messages)  # a call cut at the token limit still reads; this one hangs
+    assert new == [{"role": "tool", "name": "slow", "content": "error: slow did not answer within 0.2 s"}]
+    assert done  # the second reply was the last turn allowed
+    assert env.counts() == {"calls": 2, "errors": 1, "timeouts": 1}
+    with pytest.raises(ValueError, match="max_turns"):
+        ToolEnvironment([multiply], "hermes", max_turns=0)
+
+
+@pytest.mark.parametrize("cls", [CountingGame, AsyncGame])
+def test_environments_are_plain_or_async_and_load_by_name(cls):
+    env = load_environment(f"tests.test_environments:{cls.__name__}", target=2)
+    messages = call(env.reset, Prompt(id="p", text="go"))
+    assert messages == [{"role": "user", "content": "count to 2: go"}]
+    messages.append({"role": "assistant", "content": "1"})
+    assert check_step(call(env.step, messages), env) == ([{"role": "user", "content": "next"}], None, False)
+    messages.append({"role": "assistant", "content": "2"})
+    assert check_step(call(env.step, messages), env) == ([], 1.0, True)
+
+
+def test_a_broken_environment_is_said_clearly():
+    with pytest.raises(ToolError, match="has no step"):
+        load_environment("tests.test_environments:NoStep")
+    with pytest.raises(ToolError, match="not 'module:Class'"):
+        load_environment("tests.test_environments.CountingGame")
+    with pytest.raises(TypeError, match=r"must return \(new_messages, reward or None, done\)"):
+        check_step(([], None), CountingGame())
+    with pytest.raises(TypeError, match="must be a list of chat messages"):
+        check_step(("hello", None, False), CountingGame())
