@@ -194,6 +194,7 @@ class ReplayBuffer:
             sampler_token_logps=None
             if group.sampler_token_logps is None
             else tuple(float(x) for x in group.sampler_token_logps[i]),
+            action_mask=None if group.action_masks is None else tuple(int(x) for x in group.action_masks[i]),
         )
 
     def _is_live(self, prompt_id: str, rollout: Rollout) -> bool:
@@ -383,6 +384,7 @@ class ReplayBuffer:
                 "finished": np.array([r.finished for r in rows], dtype=bool),
                 "searcher_id": np.array([r.searcher_id for r in rows], dtype=np.int64),
                 "sampler_token_logps": _ragged([r.sampler_token_logps for r in rows], np.float64),
+                "action_mask": _ragged([r.action_mask for r in rows], np.int8),
             },
             # live queue entries only (stale ones would be skipped anyway), as positions in the rows
             "fifo": np.array([index[id(r)] for pid, r in self._fifo if self._is_live(pid, r)], dtype=np.int64),
@@ -399,6 +401,8 @@ class ReplayBuffer:
         r = state["rollouts"]
         completions = _unragged(r["completion"])
         token_logps = _unragged(r["sampler_token_logps"])
+        # checkpoints from before multi-turn trajectories have no action masks: every token the policy's
+        actions = _unragged(r["action_mask"]) if "action_mask" in r else [None] * len(completions)
         columns = zip(
             completions,
             r["reward"].tolist(),
@@ -410,13 +414,14 @@ class ReplayBuffer:
             r["finished"].tolist(),
             r["searcher_id"].tolist(),
             token_logps,
+            actions,
             strict=True,
         )
         rows: list[Rollout] = []
         counts = state["rollouts_per_prompt"].tolist()
         for pid, prompt_ids, n in zip(state["prompt_ids"], _unragged(state["prompt_tokens"]), counts, strict=True):
             prompt = self._prompts[pid] = _Prompt(list(prompt_ids))
-            for completion, reward, ref, version, arrival, logp, has_logp, finished, searcher, tokens in islice(
+            for completion, reward, ref, version, arrival, logp, has_logp, finished, searcher, tokens, action in islice(
                 columns, n
             ):
                 rollout = Rollout(
@@ -430,6 +435,7 @@ class ReplayBuffer:
                     finished,
                     searcher,
                     tokens,
+                    action,
                 )
                 prompt.rollouts[completion] = rollout
                 rows.append(rollout)

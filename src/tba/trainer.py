@@ -413,11 +413,12 @@ class Trainer:
         for groups, share in zip(plan, weights, strict=True):
             rollouts = [r for g in groups for r in batch.group(g)]
             prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
-            completions = [truncate_at_eos(list(r.completion), self.eos_ids) for r in rollouts]
+            completions = [self._completion(r) for r in rollouts]
             lens = [len(p) for p in prompts], [len(c) for c in completions]
             packed = self.packed and worth_packing(*lens, self.row_width)
             with self.precision.autocast():
                 token_logp, mask = self._token_logprobs(prompts, completions, packed)  # [G*K, T] each, fp32
+            token_logp, mask = self._policy_tokens(rollouts, token_logp, mask)
             positions, real = forward_positions(*lens, packed, self.row_width)
             totals["train/tokens"] += real
             totals["train/positions"] += positions
@@ -448,17 +449,38 @@ class Trainer:
         reductions, which is all a rank with fewer micro-batches than another must do."""
         rollout = batch.group(0)[0]
         with self.precision.autocast():
-            token_logp, _ = self._token_logprobs([batch.prompt_ids[0]], [list(rollout.completion)], self.packed)
+            token_logp, _ = self._token_logprobs([batch.prompt_ids[0]], [self._completion(rollout)], self.packed)
         (token_logp.sum() * 0.0).backward()
 
+    def _completion(self, rollout) -> list[int]:
+        """The tokens of ``rollout`` the policy is scored on: a completion up to its first EOS; a
+        multi-turn trajectory (with an action mask) whole, since each of its turns ends with one."""
+        if rollout.action_mask is not None:
+            return list(rollout.completion)
+        return truncate_at_eos(list(rollout.completion), self.eos_ids)
+
     def _token_logprobs(self, prompts, completions, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token log-probs ``[N, C]`` of ``completions`` under the policy and their mask: from
-        packed rows, or a padded batch."""
+        """Per-token log-probs ``[N, C]`` of ``completions`` (already cut, see :meth:`_completion`)
+        under the policy and their mask: from packed rows, or a padded batch."""
         if packed:
-            return packed_token_logprobs(
-                self.model, prompts, completions, self.eos_ids, width=self.row_width, pad_id=self.pad_id
-            )
-        return token_logprobs(self.model, prompts, completions, self.pad_id, self.eos_ids)
+            width, pad = self.row_width, self.pad_id
+            return packed_token_logprobs(self.model, prompts, completions, None, width=width, pad_id=pad)
+        return token_logprobs(self.model, prompts, completions, self.pad_id, None)
+
+    @staticmethod
+    def _policy_tokens(rollouts, token_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-probs and mask of the tokens the policy wrote: an environment's tokens in a
+        multi-turn trajectory (action mask 0) are conditioning, zeroed out of both, so every
+        objective's sums leave them out."""
+        if all(r.action_mask is None for r in rollouts):
+            return token_logp, mask
+        action = torch.ones(mask.shape, dtype=mask.dtype)  # built on the host, moved once
+        for i, r in enumerate(rollouts):
+            if r.action_mask is not None:
+                n = min(len(r.action_mask), action.shape[1])
+                action[i, :n] = torch.tensor(r.action_mask[:n], dtype=action.dtype)
+        action = action.to(mask.device)
+        return token_logp * action, mask * action
 
     def _count_oversize(self, tokens: list[int]) -> None:
         """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first.

@@ -29,14 +29,24 @@ class RolloutGroup:
     # the newest weights that produced a token of the group, when newer than policy_version (the
     # oldest): a streaming searcher that loads weights with requests in flight
     newest_version: int | None = None
+    # multi-turn trajectories: per completion token, 1 where the policy wrote it, 0 where an
+    # environment added it (a tool's result, a user's turn): conditioning, never trained on and
+    # left out of every log-prob sum. None: every token is the policy's (one turn)
+    action_masks: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         k = len(self.completions)
-        for name in ("rewards", "ref_logps", "sampler_logps", "finished", "sampler_token_logps"):
+        for name in ("rewards", "ref_logps", "sampler_logps", "finished", "sampler_token_logps", "action_masks"):
             values = getattr(self, name)
             if values is not None and len(values) != k:
                 raise ValueError(
                     f"RolloutGroup {self.prompt_id!r}: {name} has {len(values)} entries for {k} completions"
+                )
+        for i, mask in enumerate(self.action_masks or []):
+            if len(mask) != len(self.completions[i]):
+                raise ValueError(
+                    f"RolloutGroup {self.prompt_id!r}: completion {i} has {len(self.completions[i])} tokens and an "
+                    f"action mask of {len(mask)}"
                 )
 
     @property
@@ -58,6 +68,7 @@ class Rollout:
     finished: bool = True
     searcher_id: int = 0
     sampler_token_logps: tuple[float, ...] | None = None
+    action_mask: tuple[int, ...] | None = None  # 0 for environment tokens (see RolloutGroup.action_masks)
 
 
 @dataclass
