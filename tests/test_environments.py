@@ -93,3 +93,27 @@ def test_a_broken_environment_is_said_clearly():
         check_step(([], None), CountingGame())
     with pytest.raises(TypeError, match="must be a list of chat messages"):
         check_step(("hello", None, False), CountingGame())
+
+
+def test_environment_text_follows_the_models_turn_end_through_the_next_generation_prompt():
+    from tests.test_tools import HERMES_TEMPLATE, LLAMA3_TEMPLATE, _tokenizer
+
+    from tba.environments import environment_text
+
+    conversation = [
+        {"role": "user", "content": "what is 123 * 456?"},
+        {"role": "assistant", "content": _call('{"a": 123, "b": 456}')},
+    ]
+    answer = [{"role": "tool", "name": "multiply", "content": "56088"}]
+    hermes = environment_text(conversation, answer, _tokenizer(HERMES_TEMPLATE), "<|im_end|>", [multiply])
+    # the newline after the model's <|im_end|> is the template's, so it opens the environment's text
+    assert hermes == "\n<|im_start|>user\n<tool_response>56088</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    llama = environment_text(conversation, answer, _tokenizer(LLAMA3_TEMPLATE), "<|eot_id|>", [multiply])
+    assert llama == (
+        "<|start_header_id|>ipython<|end_header_id|>\n56088<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    )
+    with pytest.raises(ToolError, match="does not end the model's turn with '<eos>'"):
+        environment_text(conversation, answer, _tokenizer(HERMES_TEMPLATE), "<eos>", [multiply])
+    rewrites = "{% for m in messages %}{{ m.role }}{{ loop.length }}:{{ m.content }}|{% endfor %}{{ tools }}"
+    with pytest.raises(ToolError, match="rewrites earlier turns"):
+        environment_text(conversation, answer, _tokenizer(rewrites), "|", [multiply])

@@ -81,6 +81,32 @@ def check_step(result, env) -> tuple[list[dict], float | None, bool]:
     return messages, reward, bool(done)
 
 
+def environment_text(messages: list[dict], new_messages: list[dict], tokenizer, end_text: str, tools=None) -> str:
+    """The text an environment's ``new_messages`` add after the model's last reply, as the chat
+    template renders the conversation, through the next reply's generation prompt: what the
+    searcher appends, tokenized, to the model's own tokens (which end with its turn-end token,
+    ``end_text``, e.g. ``<|im_end|>``). It starts right after that token, so a separator the
+    template writes between turns (the newline after ``<|im_end|>``) is the environment's, not
+    missing from the trajectory. ``messages``: the conversation through the model's reply."""
+    before = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    after = tokenizer.apply_chat_template(
+        messages + new_messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    end = before.rfind(end_text)
+    if not end_text or end < 0:
+        raise ToolError(
+            f"the chat template does not end the model's turn with {end_text!r} (its end token): the turns of a "
+            "conversation cannot be joined to the tokens the model wrote"
+        )
+    end += len(end_text)
+    if after[:end] != before[:end]:
+        raise ToolError(
+            "the chat template renders the conversation differently once the environment's messages follow (it "
+            "rewrites earlier turns), so they cannot be appended to the tokens the model wrote"
+        )
+    return after[end:]
+
+
 class ToolEnvironment:
     """Tool use as an environment: the conversation opens with the prompt as the user's message;
     each reply of the model is read for tool calls (in the chat template's format, ``fmt``), the
