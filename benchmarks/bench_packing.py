@@ -26,9 +26,9 @@ Length mixes (``--data``):
 Each (model, mix) takes ``--groups`` groups of ``--group-size`` completions (one batch, the same in
 both modes) and the trainer's defaults with trajectory balance: the whole batch in one forward and
 backward pass, so both modes compute the same sequences together and the difference is packing
-alone. ``--budget N`` sets ``trainer.micro_batch_tokens`` = N in both modes: padded, a micro-batch's
-tokens count its padding; packed, only real tokens, so packed micro-batches hold more groups (and
-take more memory than the padded ones, up to the same budget). Packed rows are
+alone. ``--budget N`` sets ``trainer.micro_batch_tokens`` = N in both modes: it bounds the positions a
+pass computes, padding included, and packed passes waste fewer of them, so they hold more groups
+(and can take more memory than padded ones that leave part of the budget unused). Packed rows are
 ``trainer.packing_row_tokens`` (``--row``; ``auto``: as wide as the longest sequence with SDPA).
 
 Per process: build the model (seed 0), take one warm-up step (the AdamW state; its loss and

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 import time
-import warnings
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -29,7 +28,7 @@ import torch
 from tba.generation.base import Generator, SamplingParams
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
-from tba.models.packing import packed_sequence_logprobs, packing_problem, row_tokens
+from tba.models.packing import choose_packing, packed_sequence_logprobs
 from tba.rewards import RewardStats
 from tba.scoring import ScoringPool
 from tba.tasks.base import Prompt, Task
@@ -83,18 +82,12 @@ class Searcher:
         self.chat_template = chat_template
         self.unfinished_reward = unfinished_reward
         self.ref_micro_batch = ref_micro_batch  # sequences per reference forward pass
-        self.ref_max_tokens = ref_max_tokens  # tokens per reference forward pass (real ones when packed)
+        self.ref_max_tokens = ref_max_tokens  # positions a reference forward pass computes, padding included
         self.ref_packed, self.ref_row_width = False, None
         if ref_packing:  # once: TBA′ moves the reference's weights, never its architecture
-            problem = packing_problem(reference)
-            if problem is None:
-                self.ref_packed, self.ref_row_width = True, row_tokens(reference, ref_row_tokens)
-            else:
-                warnings.warn(
-                    f"trainer.reference_packing: the reference cannot take packed sequences ({problem}); "
-                    "its passes pad instead. Set trainer.reference_packing=false to silence this",
-                    stacklevel=2,
-                )
+            self.ref_packed, self.ref_row_width = choose_packing(
+                reference, ref_row_tokens, "trainer.reference_packing", "the reference", "its passes pad instead"
+            )
         self.ref_tokens = 0  # tokens through the reference passes so far
         self.ref_s = 0.0  # and the seconds they took
         self.ref_reset_every = ref_reset_every  # TBA′: the reference follows the policy every ρ steps
@@ -407,8 +400,7 @@ class StreamingSearcher(Searcher):
     def oldest_version(self) -> int:
         """The version a prompt still in flight was submitted with, the oldest of them: groups
         finish out of order, so one sent later can be older than the weights held now."""
-        live = [v for v, n in self._taken_at.items() if n > 0]
-        return min([self.version, *live])
+        return min([self.version, *+self._taken_at])  # unary +: the versions still counted
 
     def step(self) -> list[RolloutGroup]:
         self._begin_step()

@@ -11,9 +11,9 @@ own K completions (the paper's code was only right with one prompt per micro-bat
 cut by a count of groups (``micro_batch_prompts``) and a token budget (``micro_batch_tokens``),
 and each one's loss is weighted by its share of the batch, so the step equals one pass over the
 whole batch. With ``trainer.packing`` (the default) a micro-batch's sequences are packed into rows
-with no padding (:mod:`tba.models.packing`) and its token budget counts real tokens; a model that
-cannot be packed is padded, with one warning. The trainer never needs the reference model:
-searchers attach reference log-probs to rollouts.
+with no padding (:mod:`tba.models.packing`), so its token budget (the positions a pass computes)
+holds more groups; a model that cannot be packed is padded, with one warning. The trainer never
+needs the reference model: searchers attach reference log-probs to rollouts.
 
 Precision (``trainer.precision``, see :mod:`tba.models.precision`) enters in two places only: the
 forward passes run under its autocast, and publication casts the weights to the searchers' dtype.
@@ -33,14 +33,7 @@ from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import plan_micro_batches, token_logprobs, truncate_at_eos, unwrap
 from tba.models.lora import load_policy_state, policy_state, published_state
-from tba.models.packing import (
-    forward_positions,
-    packed_token_logprobs,
-    packing_problem,
-    pass_cost,
-    row_tokens,
-    worth_packing,
-)
+from tba.models.packing import choose_packing, forward_positions, packed_token_logprobs, pass_cost, worth_packing
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
@@ -133,16 +126,19 @@ def group_tokens(batch: Batch) -> list[int]:
     return [sum(len(batch.prompt_ids[g]) + len(r.completion) for r in batch.group(g)) for g in range(batch.num_groups)]
 
 
+def sequence_lengths(batch: Batch, groups: list[int]) -> list[list[tuple[int, int]]]:
+    """(prompt, completion) lengths of each sequence of ``groups`` of ``batch``, by group: what
+    :func:`tba.models.packing.pass_cost` prices."""
+    return [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in groups]
+
+
 def plan_groups(batch: Batch, cfg, packed: bool, groups: list[int] | None = None, width=None) -> list[list[int]]:
     """The micro-batches of ``groups`` of ``batch`` (default all; as positions in ``groups``) under
     ``cfg``'s limits: the token budget bounds the positions each pass computes, padded, or packed
     in rows of ``width`` where that pays (:func:`tba.models.packing.pass_cost`)."""
     groups = list(range(batch.num_groups)) if groups is None else groups
     sizes = group_lengths(batch)
-    cost = None
-    if packed:
-        lengths = [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in groups]
-        cost = pass_cost(lengths, width)
+    cost = pass_cost(sequence_lengths(batch, groups), width) if packed else None
     return plan_micro_batches(
         [sizes[g] for g in groups], batch.group_size, cfg.micro_batch_prompts, cfg.micro_batch_tokens, cost=cost
     )
@@ -156,20 +152,15 @@ def rank_passes(batch: Batch, parts: list[list[int]], cfg, packed: bool = False,
     return max(len(plan_groups(batch, cfg, packed, part, width)) for part in parts)
 
 
-def packing_choice(model: torch.nn.Module, cfg) -> tuple[bool, int | None]:
+def packing_choice(model: torch.nn.Module, cfg) -> tuple[bool, int | str | None]:
     """Whether the trainer packs ``model``'s sequences (``cfg.packing`` and a model that can be
     packed: else one warning, and padding) and the width of its rows (None: one row a pass)."""
-    if not getattr(cfg, "packing", False):
+    if not cfg.packing:
         return False, None
-    problem = packing_problem(model)
-    if problem is not None:
-        warnings.warn(
-            f"trainer.packing: {type(unwrap(model)).__name__} cannot take packed sequences ({problem}); "
-            "the trainer pads its batches instead. Set trainer.packing=false to choose padding and silence this",
-            stacklevel=3,
-        )
-        return False, None
-    return True, row_tokens(model, cfg.packing_row_tokens)
+    name = type(unwrap(model)).__name__
+    return choose_packing(
+        model, cfg.packing_row_tokens, "trainer.packing", name, "the trainer pads its batches instead"
+    )
 
 
 class Ranks(Protocol):
@@ -403,8 +394,7 @@ class Trainer:
         for _ in range(len(plan), passes or 0):  # the gathers and reductions the other ranks wait for
             self._empty_pass(batch)
         if self.packed:  # what each group's pass alone would compute
-            lengths = [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in range(n)]
-            cost = pass_cost(lengths, self.row_width)
+            cost = pass_cost(sequence_lengths(batch, list(range(n))), self.row_width)
             self._count_oversize([cost([g]) for g in range(n)])
         else:
             self._count_oversize([k * (p + c) for p, c in group_lengths(batch)])

@@ -18,6 +18,7 @@ take it (the caller then pads).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -140,6 +141,23 @@ def packing_problem(model: torch.nn.Module, probe: bool = True) -> str | None:
     return None
 
 
+def choose_packing(
+    model: torch.nn.Module, width_setting: int | str, setting: str, subject: str, instead: str
+) -> tuple[bool, int | str | None]:
+    """At start: (True, the rows' width, :func:`row_tokens`) where ``model`` can be packed (the
+    probe included), else (False, None) with one warning naming the ``setting`` that asked for
+    packing, the ``subject``, why, and what happens ``instead``."""
+    problem = packing_problem(model)
+    if problem is None:
+        return True, row_tokens(model, width_setting)
+    warnings.warn(
+        f"{setting}: {subject} cannot take packed sequences ({problem}); {instead}. "
+        f"Set {setting}=false to choose padding and silence this",
+        stacklevel=3,
+    )
+    return False, None
+
+
 _PROBED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
@@ -203,8 +221,7 @@ def packed_sequence_logprobs(
     sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
     chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, cost=pass_cost([(s,) for s in sizes], width))
 
-    def logprobs(ps, cs):
-        cs = [truncate_at_eos(c, eos_ids) for c in cs]
+    def logprobs(ps, cs):  # cs already cut at EOS
         if worth_packing([len(p) for p in ps], [len(c) for c in cs], width):
             return packed_token_logprobs(model, ps, cs, None, temperature, width, pad_id)
         return token_logprobs(model, ps, cs, pad_id, None, temperature)
