@@ -215,7 +215,7 @@ def test_a_searcher_packs_its_reference_pass(tiny_model, tokenizer):
         return Searcher(task, tokenizer, gen, reference, LocalWeightStore(), params, 2, eos, ref_packing=packing)
 
     prompts, completions = _batch(tokenizer, n=4, seed=5)
-    kept = [[(c, 1.0, True), (c[::-1], 0.0, False)] for c in completions]
+    kept = [[(c, 1.0, True, None, None), (c[::-1], 0.0, False, None, None)] for c in completions]
     lens = [len(p) for p in prompts for _ in range(2)], [len(c) for c in completions for _ in range(2)]
     assert worth_packing(*lens, "longest")  # the packed searcher's pass does pack
     task_prompts = ArithmeticTask(digits=1, eval_size=4).sample_prompts(4, random.Random(0))

@@ -97,6 +97,48 @@ class _TaskSection(_Section):
     """Seconds one call of the reward functions may take (a batch's, or with ``generation.stream``
     the groups that finished together); a call past it is given up, its samples dropped and counted
     (``searcher/reward_timeouts``). Default: no limit."""
+    tools: list[str] = []
+    """Tools the model may call, as ``module:function`` (plain Python functions with type hints and an
+    ``Args:`` docstring, rendered into the prompt by the chat template): each reply is read for calls in
+    the template's own format, the calls run, and their results come back as ``tool`` messages until a
+    reply calls nothing or ``max_turns`` replies were made. Needs a chat model with a tool-call template."""
+    environment: str | None = None
+    """A multi-turn environment, ``module:Class`` with ``reset(prompt) -> messages`` and
+    ``step(messages) -> (new_messages, reward or None, done)`` (plain or async), built with
+    ``environment_args``: one instance per conversation. Not with ``tools`` (tools are an environment)."""
+    environment_args: dict[str, Any] = {}
+    """Keyword arguments of ``environment`` (its class or factory)."""
+    max_turns: int = Field(4, ge=1)
+    """Replies of the model per conversation with ``tools`` or ``environment``; a conversation still
+    going after the last one is unfinished (``generation.unfinished_reward``)."""
+    max_trajectory_tokens: int | None = Field(None, ge=1)
+    """Tokens of a whole conversation after the prompt (the model's replies and the environment's
+    messages); one that reaches it is unfinished. Default: no limit besides ``max_turns`` replies of
+    ``generation.max_new_tokens`` each."""
+    tool_timeout: float | None = Field(10.0, gt=0)
+    """Seconds one tool call may run; a call past it becomes an ``error:`` tool message, counted
+    (``searcher/tool_timeouts``). None: no limit."""
+    system_prompt: str | None = None
+    """With ``tools``: a system message opening every conversation (besides the tools' schemas, which
+    the chat template renders)."""
+    environment_workers: int = Field(8, ge=1)
+    """Threads that run the conversations' environment steps (tool calls) of one turn side by side."""
+
+    @model_validator(mode="after")
+    def _check_turns(self) -> _TaskSection:
+        if self.tools and self.environment:
+            raise ValueError(
+                "task.tools and task.environment: tools are one kind of environment; give the tools to your "
+                "environment, or leave task.environment unset"
+            )
+        if self.environment_args and not self.environment:
+            raise ValueError("task.environment_args without task.environment: name the environment's module:Class")
+        return self
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether conversations have more than the prompt and one reply (tools or an environment)."""
+        return bool(self.tools or self.environment)
 
 
 class ArithmeticTaskConfig(_TaskSection):
@@ -858,6 +900,11 @@ class Config(_Section):
                 "generation.stream with generation.vllm.sleep=true: sleep mode frees the engine's KV cache "
                 "between generation calls, which would abort a stream's requests in flight; a streaming "
                 "searcher keeps its engine awake: set generation.vllm.sleep=false"
+            )
+        if self.generation.stream is True and self.task.multi_turn:
+            raise ValueError(
+                "generation.stream with task.tools or task.environment: a conversation goes turn by turn through "
+                "the environment, which streams do not do yet; set generation.stream=false"
             )
         if self.generation.stream is True and self.generation.explore_prob > 0:
             raise ValueError(

@@ -26,11 +26,34 @@ from pathlib import Path
 
 import torch
 
+from tba.environments import ToolEnvironment, environment_text
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
+from tba.generation.turns import Conversations
 from tba.models.logprobs import pack
-from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.models.tiny import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    DEFAULT_SPEC,
+    TinySpec,
+    build_char_tokenizer,
+    build_tiny_llama,
+    build_tool_tokenizer,
+)
 from tba.tasks.arithmetic import ArithmeticTask
+from tba.tasks.calculator import calculator
+from tba.tools import load_tools, tool_call_format
+
+MULTI_TURN_SETTINGS = (
+    "tools",
+    "environment",
+    "environment_args",
+    "max_turns",
+    "max_trajectory_tokens",
+    "tool_timeout",
+    "system_prompt",
+    "environment_workers",
+)
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -71,20 +94,123 @@ def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = DEFAULT_
     return {"steps": step, "validation_accuracy": acc, "seconds": round(time.time() - start, 1)}
 
 
+TOOL_MODEL = "builtin:tiny-tools"
+TOOL_SPEC = TinySpec(max_positions=96, lr=3e-4, check_every=5, target_accuracy=0.3, validation_size=128, version=1)
+TOOL_TRAJECTORY_TOKENS = 48  # the tool demo's task.max_trajectory_tokens: a call, its answer, the final answer
+"""The tool demo model: the demo's shape over :func:`build_tool_tokenizer`, warm-started on
+calculator traces until it solves 30% of validation problems with the tool."""
+TOOLS = ["tba.tasks.calculator:calculator"]
+
+
+def tool_trace(tokenizer, prompt, tools) -> tuple[list[int], list[int], list[int]]:
+    """A worked tool-use conversation for an arithmetic prompt (``123*456=``): the prompt's ids, then
+    the model's call of the calculator, the tool's answer, and the model's final answer (the
+    answer's tokens), with the mask of the model's tokens (1) and the tool's (0)."""
+    eos = tokenizer.eos_token_id
+    opening = [{"role": "user", "content": prompt.text}]
+    prompt_ids = tokenizer.apply_chat_template(opening, tools=tools, add_generation_prompt=True, tokenize=True)
+    prompt_ids = list(prompt_ids if isinstance(prompt_ids, list) else prompt_ids["input_ids"])
+    expression = prompt.text.rstrip("=")
+    call = f"<tool_call>{CALL_OPEN}{expression}{CALL_CLOSE}</tool_call>"
+    first = tokenizer.encode(call, add_special_tokens=False) + [eos]
+    answer = {"role": "tool", "name": "calculator", "content": calculator(expression)}
+    between = environment_text([*opening, {"role": "assistant", "content": call}], [answer], tokenizer, "<eos>", tools)
+    env = tokenizer.encode(between, add_special_tokens=False)
+    final = tokenizer.encode(prompt.answer, add_special_tokens=False) + [eos]
+    return prompt_ids, first + env + final, [1] * len(first) + [0] * len(env) + [1] * len(final)
+
+
+def tool_accuracy(model, tokenizer, task: ArithmeticTask, prompts, tools: list | None) -> float:
+    """Greedy accuracy of whole conversations with the calculator (``tools``; None: without it, the
+    model's first reply is its answer)."""
+    eos = {tokenizer.eos_token_id}
+    gen = HFGenerator(model, tokenizer.pad_token_id, eos)
+    params = SamplingParams(n=1, greedy=True, max_new_tokens=16)
+    if tools is None:
+        ids = [tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=True) for p in prompts]
+        ids = [list(i if isinstance(i, list) else i["input_ids"]) for i in ids]
+        outs = [o[0] for o in gen.generate(ids, params)]
+        content = [[t for t in o.token_ids if t not in eos] for o in outs]
+        texts = tokenizer.batch_decode(content, skip_special_tokens=True)
+        return sum(task.reward(p, t) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
+    fmt = tool_call_format(tokenizer)
+    loaded = load_tools(tools)
+    turns = Conversations(
+        tokenizer, lambda: ToolEnvironment(loaded, fmt), eos, 3, TOOL_TRAJECTORY_TOKENS, loaded, workers=1
+    )
+    try:
+        _, trajectories = turns.rollout(gen, prompts, params)
+    finally:
+        turns.close()
+    wins = [t[0].finished and task.reward(p, t[0].text) for p, t in zip(prompts, trajectories, strict=True)]
+    return sum(wins) / len(prompts)
+
+
+def warm_start_tools(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TOOL_SPEC, log=print) -> dict:
+    """Supervised training on calculator traces (the model's tokens only) until greedy accuracy with
+    the calculator reaches the target on a validation sample."""
+    tools = load_tools(TOOLS)
+    rng = random.Random(spec.seed)
+    valid = task.sample_prompts(spec.validation_size, random.Random(spec.seed + 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    acc, step, start = 0.0, 0, time.time()
+    for step in range(1, spec.max_steps + 1):
+        model.train()
+        traces = [tool_trace(tokenizer, p, tools) for p in task.sample_prompts(spec.batch_size, rng)]
+        ids, attn, comp_mask, p_len = pack([t[0] for t in traces], [t[1] for t in traces], tokenizer.pad_token_id)
+        for i, (_, _, mask) in enumerate(traces):
+            comp_mask[i, : len(mask)] *= torch.tensor(mask)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, p_len:], reduction="none")
+        loss = (nll * comp_mask).sum() / comp_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % spec.check_every == 0:
+            model.eval()
+            acc = tool_accuracy(model, tokenizer, task, valid, TOOLS)
+            log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy with the calculator {acc:.1%}")
+            if acc >= spec.target_accuracy:
+                break
+    model.eval()
+    return {"steps": step, "validation_accuracy": acc, "seconds": round(time.time() - start, 1)}
+
+
+def ensure_tiny_tool_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = TOOL_SPEC, log=print) -> Path:
+    """Path of the warm-started tool demo checkpoint (``builtin:tiny-tools``) for this arithmetic
+    setting; built on first use."""
+    if task_cfg.name != "arithmetic":
+        raise ValueError(f"{TOOL_MODEL} is warm-started on the arithmetic task, not {task_cfg.name!r}")
+    path = tiny_model_path(task_cfg, cache_dir, spec, kind="tiny-tools")
+    if (path / "warm_start.json").is_file():
+        return path
+    log(f"building the tool demo model (once; cached at {path})")
+    torch.manual_seed(spec.seed)
+    tokenizer = build_tool_tokenizer()
+    model = build_tiny_llama(tokenizer, spec)
+    task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms)
+    info = warm_start_tools(model, tokenizer, task, spec, log)
+    return _save(path, model, tokenizer, info, log)
+
+
 def cache_root(cache_dir: str | None = None) -> Path:
     return Path(cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
 
 
-def tiny_model_path(task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC) -> Path:
+def tiny_model_path(
+    task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, kind: str = "tiny-arithmetic"
+) -> Path:
     """Where the demo checkpoint of this arithmetic setting is cached: named by a hash of the setting."""
     setting = task_cfg.model_dump()
-    setting.pop("reward_timeout", None)  # how rewards are run, not what the model learns
+    for name in ("reward_timeout", *MULTI_TURN_SETTINGS):  # how rollouts are run, not what the model learns
+        setting.pop(name, None)
     for name, default in (("terms", 2), ("show_work", False)):  # settings added later: keep the old caches' keys
         if setting.get(name) == default:
             setting.pop(name, None)
     key = {"task": setting, "spec": asdict(spec)}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_root(cache_dir) / f"tiny-arithmetic-{digest}"
+    return cache_root(cache_dir) / f"{kind}-{digest}"
 
 
 def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, log=print) -> Path:
@@ -102,6 +228,10 @@ def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = D
         task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms, task_cfg.show_work
     )
     info = warm_start(model, tokenizer, task, spec, log)
+    return _save(path, model, tokenizer, info, log)
+
+
+def _save(path: Path, model, tokenizer, info: dict, log) -> Path:
     info["parameters"] = sum(p.numel() for p in model.parameters())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".building-"))

@@ -108,31 +108,29 @@ def environment_text(messages: list[dict], new_messages: list[dict], tokenizer, 
 
 
 class ToolEnvironment:
-    """Tool use as an environment: the conversation opens with the prompt as the user's message;
-    each reply of the model is read for tool calls (in the chat template's format, ``fmt``), the
-    calls are run (each within ``timeout`` seconds) and their results come back as ``tool``
-    messages; a reply that calls nothing ends the conversation, as does the ``max_turns``-th reply.
-    The reward is left to the task's reward functions (the final answer). Counts calls, calls that
-    could not be read or raised (``errors``) and calls past their timeout (``timeouts``)."""
+    """Tool use as an environment: the conversation opens with the prompt (its chat messages, or
+    its text as the user's message, after ``system`` if given); each reply of the model is read for
+    tool calls (in the chat template's format, ``fmt``), the calls are run (each within ``timeout``
+    seconds) and their results come back as ``tool`` messages; a reply that calls nothing ends the
+    conversation. How many replies a conversation may have is the caller's bound
+    (``task.max_turns``). The reward is left to the task's reward functions (the final answer).
+    Counts calls, calls that could not be read or raised (``errors``) and calls past their timeout
+    (``timeouts``)."""
 
-    def __init__(
-        self, tools: list, fmt: str, max_turns: int = 4, timeout: float | None = 10.0, system: str | None = None
-    ):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+    def __init__(self, tools: list, fmt: str, timeout: float | None = 10.0, system: str | None = None):
         self.tools = load_tools(tools)
         self.fmt = fmt
-        self.max_turns = max_turns
         self.timeout = timeout
         self.system = system
         self.calls = self.errors = self.timeouts = 0
 
     def reset(self, prompt) -> list[dict]:
         messages = [{"role": "system", "content": self.system}] if self.system else []
+        if getattr(prompt, "messages", None) is not None:
+            return [*messages, *(dict(m) for m in prompt.messages)]
         return [*messages, {"role": "user", "content": prompt.text}]
 
     def step(self, messages: list[dict]) -> tuple[list[dict], float | None, bool]:
-        turns = sum(m["role"] == "assistant" for m in messages)
         calls = parse_tool_calls(messages[-1]["content"], self.fmt, self.tools)
         if not calls:
             return [], None, True
@@ -143,7 +141,7 @@ class ToolEnvironment:
             self.errors += result.status == "error"
             self.timeouts += result.status == "timeout"
             out.append({"role": "tool", "name": result.name or "unknown", "content": result.content})
-        return out, None, turns >= self.max_turns
+        return out, None, False
 
     def counts(self) -> dict[str, int]:
         """Tool calls so far, and of them those that failed (unreadable or raised) and timed out."""

@@ -33,6 +33,7 @@ from tba.config import Config
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.hf import HFGenerator
+from tba.generation.turns import Conversations, Trajectory, make_conversations
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
 from tba.tasks.base import EvalContext, Task
@@ -47,20 +48,23 @@ def evaluate(
     chat_template: bool | None = None,
     eos_ids: set[int] | None = None,
     reference=None,
+    conversations: Conversations | None = None,
 ) -> EvalResult:
-    """The task's own evaluation if it has one (``Task.evaluate``), else the generic one."""
+    """The task's own evaluation if it has one (``Task.evaluate``), else the generic one; with
+    ``conversations`` (tools or an environment), each problem is a whole conversation, scored by its
+    environment's reward or, without one, by the task on the last reply."""
     eos = eos_ids or {tokenizer.eos_token_id}
     ctx = EvalContext(generator, tokenizer, settings, chat_template, eos, reference)
     custom = task.evaluate(ctx)
     if custom is not None:
         return custom
     prompts = task.eval_prompts()[: settings.limit]
-    ids = encode_prompts(tokenizer, prompts, chat_template)
     stats = RewardStats()
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=settings.max_new_tokens)
-    outs = [o[0] for o in generator.generate(ids, greedy)]
-    texts = _decode(tokenizer, [o.token_ids for o in outs], eos)
-    scores = task.scores(prompts, texts, [o.token_ids for o in outs], stats)
+    ids, outs = _generate(generator, tokenizer, prompts, greedy, chat_template, conversations)
+    outs = [o[0] for o in outs]
+    texts = _decode(tokenizer, outs, eos)
+    scores = _scores(task, prompts, texts, outs, stats)
     scored = [s for s in scores if s is not None]
     metrics = {
         f"eval/{task.eval_metric}": sum(scored) / len(scored) if scored else float("nan"),
@@ -69,16 +73,43 @@ def evaluate(
     }
     if len(scored) < len(scores):
         metrics["eval/unscored"] = float(len(scores) - len(scored))
+    if conversations is not None:
+        metrics["eval/turns"] = sum(o.turns for o in outs) / len(outs)
     if settings.samples > 1:
-        metrics.update(_sampled(task, generator, tokenizer, prompts, ids, eos, settings, stats))
+        metrics.update(_sampled(task, generator, tokenizer, prompts, ids, eos, settings, stats, conversations))
     samples = [
         {"id": p.id, "prompt": p.text, "completion": t, "score": s, "answer": p.answer}
         for p, t, s in list(zip(prompts, texts, scores, strict=True))[: settings.log_samples]
     ]
+    if conversations is not None:  # the whole conversation after the opening, with the tools' answers
+        for sample, o in zip(samples, outs, strict=False):
+            sample["conversation"] = o.messages
     return EvalResult(metrics, samples)
 
 
-def _sampled(task: Task, generator, tokenizer, prompts, ids, eos, settings: EvalSettings, stats) -> dict[str, float]:
+def _generate(generator, tokenizer, prompts, params, chat_template, conversations):
+    """The prompts' token ids and their completions (whole conversations with ``conversations``)."""
+    if conversations is not None:
+        return conversations.rollout(generator, prompts, params)
+    ids = encode_prompts(tokenizer, prompts, chat_template)
+    return ids, generator.generate(ids, params)
+
+
+def _scores(task: Task, prompts, texts, outs, stats) -> list[float | None]:
+    """The task's score of each completion; a conversation's environment reward where it gave one
+    (a conversation whose environment raised: None, unscored)."""
+    scores = task.scores(prompts, texts, [o.token_ids for o in outs], stats)
+    for i, o in enumerate(outs):
+        if getattr(o, "failed", False):
+            scores[i] = None
+        elif getattr(o, "reward", None) is not None and o.finished:
+            scores[i] = o.reward
+    return scores
+
+
+def _sampled(
+    task: Task, generator, tokenizer, prompts, ids, eos, settings: EvalSettings, stats, conversations=None
+) -> dict[str, float]:
     if not task.success_scores:
         raise ValueError(
             f"eval.samples={settings.samples} needs a task whose scores are successes; "
@@ -88,10 +119,14 @@ def _sampled(task: Task, generator, tokenizer, prompts, ids, eos, settings: Eval
     params = SamplingParams(
         n=n, temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens
     )
-    outs = [c for group in generator.generate(ids, params) for c in group]  # [problems * n], per problem consecutive
-    texts = _decode(tokenizer, [o.token_ids for o in outs], eos)
+    if conversations is not None:
+        _, groups = conversations.rollout(generator, prompts, params)
+    else:
+        groups = generator.generate(ids, params)
+    outs = [c for group in groups for c in group]  # [problems * n], per problem consecutive
+    texts = _decode(tokenizer, outs, eos)
     flat_prompts = [p for p in prompts for _ in range(n)]
-    scores = task.scores(flat_prompts, texts, [o.token_ids for o in outs], stats)
+    scores = _scores(task, flat_prompts, texts, outs, stats)
     problems = []
     for i in range(len(prompts)):
         part = slice(i * n, (i + 1) * n)
@@ -104,8 +139,10 @@ def _sampled(task: Task, generator, tokenizer, prompts, ids, eos, settings: Eval
     return out
 
 
-def _decode(tokenizer, token_ids: list[list[int]], eos: set[int]) -> list[str]:
-    return tokenizer.batch_decode([[t for t in ids if t not in eos] for ids in token_ids], skip_special_tokens=True)
+def _decode(tokenizer, outs, eos: set[int]) -> list[str]:
+    """The text each completion is scored on: a conversation's last reply, or the whole completion."""
+    texts = tokenizer.batch_decode([[t for t in o.token_ids if t not in eos] for o in outs], skip_special_tokens=True)
+    return [o.text if isinstance(o, Trajectory) else t for o, t in zip(outs, texts, strict=True)]
 
 
 def eval_settings(cfg: Config) -> EvalSettings:
@@ -146,6 +183,7 @@ class Evaluator:
             policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size
         )
         self.separate_copy = generator is not None  # the generator holds its own copy of the policy
+        self.conversations = make_conversations(cfg.task, tokenizer, eos_ids)  # tools or an environment
         self._reference = reference
         self._task_ready = False
 
@@ -162,6 +200,7 @@ class Evaluator:
             self.cfg.model.chat_template,
             self.eos_ids,
             reference,
+            self.conversations,
         )
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:

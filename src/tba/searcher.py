@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tba.generation.base import Generator, SamplingParams
+from tba.generation.turns import Conversations, Trajectory
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
 from tba.models.packing import choose_packing, packed_sequence_logprobs
@@ -45,6 +46,11 @@ class SearcherStats:
     dropped_groups: int = 0
     weight_updates: int = 0
     reward_timeouts: int = 0  # samples whose reward call ran past task.reward_timeout (dropped)
+    turns: int = 0  # multi-turn: the model's replies
+    tool_calls: int = 0
+    tool_errors: int = 0  # calls that could not be read, or raised
+    tool_timeouts: int = 0  # calls past task.tool_timeout
+    environment_errors: int = 0  # conversations dropped because their environment raised
 
 
 class Searcher:
@@ -68,8 +74,10 @@ class Searcher:
         reward_timeout: float | None = None,
         ref_packing: bool = False,
         ref_row_tokens: int | str = "auto",
+        conversations: Conversations | None = None,
     ):
         self.task = task
+        self.conversations = conversations  # multi-turn rollouts (task.tools or task.environment)
         self.tokenizer = tokenizer
         self.generator = generator
         self.reference = reference
@@ -129,10 +137,16 @@ class Searcher:
     def step(self) -> list[RolloutGroup]:
         self._begin_step()
         prompts = self.task.sample_prompts(self.prompts_per_batch, self.rng)
-        prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
-        start = time.perf_counter()
-        outputs = self.generator.generate(prompt_ids, self.params)
-        self.engine_s += time.perf_counter() - start
+        if self.conversations is not None:
+            prompt_ids, outputs = self.conversations.rollout(self.generator, prompts, self.params)
+            self.engine_s += self.conversations.take_generate_s()
+            for key, value in self.conversations.take_counts().items():
+                setattr(self.stats, key, getattr(self.stats, key) + value)
+        else:
+            prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
+            start = time.perf_counter()
+            outputs = self.generator.generate(prompt_ids, self.params)
+            self.engine_s += time.perf_counter() - start
         kept = self._score(prompts, outputs)
         self._note_reward_mean(kept)
         prompts, prompt_ids, kept = self._drop_small(prompts, prompt_ids, kept)
@@ -152,11 +166,13 @@ class Searcher:
         rewards = [item[1] for items in kept for item in items]
         self.last_reward_mean = sum(rewards) / len(rewards) if rewards else float("nan")
 
-    def _score(self, prompts: list[Prompt], outputs) -> list[list[tuple[list[int], float, bool, list[float] | None]]]:
-        """Per prompt, (token ids, reward, finished, sampler token log-probs) of its usable completions.
+    def _score(self, prompts: list[Prompt], outputs) -> list[list[tuple]]:
+        """Per prompt, (token ids, reward, finished, sampler token log-probs, action mask) of its
+        usable completions (the mask: None, or a multi-turn trajectory's).
 
-        Empty completions are dropped; unfinished ones get ``unfinished_reward`` when it is set;
-        everything else is scored in one batched call of the task (given up after
+        Empty completions are dropped; unfinished ones get ``unfinished_reward`` when it is set; a
+        finished trajectory whose environment gave a reward keeps it; everything else is scored in
+        one batched call of the task (given up after
         ``reward_timeout`` seconds: those samples are dropped and counted)."""
         kept, to_score = self._triage(prompts, outputs)
         if not to_score:
@@ -185,21 +201,29 @@ class Searcher:
         for i, outs in enumerate(outputs):
             for out in outs:
                 self.stats.completions += 1
-                self.stats.tokens += len(out.token_ids)
+                mask = getattr(out, "action_mask", None)
+                self.stats.tokens += sum(mask) if mask is not None else len(out.token_ids)
+                if getattr(out, "failed", False):  # its environment raised: counted in environment_errors
+                    continue
                 if not any(t not in self.eos_ids for t in out.token_ids):
                     self.stats.empty += 1
                     continue
                 if not out.finished:
                     self.stats.unfinished += 1
                     if self.unfinished_reward is not None:
-                        kept[i].append((out.token_ids, self.unfinished_reward, False, out.token_logps))
+                        kept[i].append((out.token_ids, self.unfinished_reward, False, out.token_logps, mask))
                         continue
+                elif getattr(out, "reward", None) is not None:  # the environment's own reward
+                    kept[i].append((out.token_ids, out.reward, True, out.token_logps, mask))
+                    continue
                 to_score.append((i, out))
         return kept, to_score
 
     def _reward_args(self, prompts, to_score) -> tuple[list, list[str], list[list[int]]]:
         content = [[t for t in out.token_ids if t not in self.eos_ids] for _, out in to_score]
         texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
+        # a conversation is scored on its last reply
+        texts = [out.text if isinstance(out, Trajectory) else t for (_, out), t in zip(to_score, texts, strict=True)]
         return [prompts[i] for i, _ in to_score], texts, [out.token_ids for _, out in to_score]
 
     def _call_rewards(self, prompts, texts, ids, stats: RewardStats) -> tuple[list[float | None], RewardStats]:
@@ -210,7 +234,8 @@ class Searcher:
     def _add_rewards(kept, to_score, rewards) -> None:
         for (i, out), reward in zip(to_score, rewards, strict=True):
             if reward is not None:
-                kept[i].append((out.token_ids, reward, out.finished, out.token_logps))
+                mask = getattr(out, "action_mask", None)
+                kept[i].append((out.token_ids, reward, out.finished, out.token_logps, mask))
 
     def _drop_small(self, prompts, prompt_ids, kept):
         """Leave out (and count) the prompts with fewer than two usable completions: no learning
@@ -225,15 +250,24 @@ class Searcher:
         their reference log-probs; ``versions``: each prompt's (oldest, newest) policy version,
         default this searcher's. Changes no counter but the reference pass's own (``ref_tokens``,
         ``ref_s``): it may run on a thread of its own, one pass at a time."""
-        flat_prompts, flat_completions = [], []
+        flat_prompts, flat_completions, masks = [], [], []
         for ids, items in zip(prompt_ids, kept, strict=True):
             flat_prompts += [ids] * len(items)
             flat_completions += [item[0] for item in items]
+            masks += [item[4] for item in items]
+        multi_turn = any(m is not None for m in masks)
+        if multi_turn:  # whole trajectories (every reply ends with an end token), the model's tokens only
+            masks = [m if m is not None else [1] * len(c) for m, c in zip(masks, flat_completions, strict=True)]
         ref = []
         if flat_completions:
             start = time.perf_counter()
-            args = (self.reference, flat_prompts, flat_completions, self.tokenizer.pad_token_id, self.eos_ids)
-            limits = {"micro_batch": self.ref_micro_batch, "max_tokens": self.ref_max_tokens}
+            eos = None if multi_turn else self.eos_ids
+            args = (self.reference, flat_prompts, flat_completions, self.tokenizer.pad_token_id, eos)
+            limits = {
+                "micro_batch": self.ref_micro_batch,
+                "max_tokens": self.ref_max_tokens,
+                "action_masks": masks if multi_turn else None,
+            }
             if self.ref_packed:
                 ref = packed_sequence_logprobs(*args, **limits, width=self.ref_row_width).tolist()
             else:
@@ -257,6 +291,7 @@ class Searcher:
                     sampler_logps=[sum(item[3]) for item in items] if self.params.logprobs else None,
                     sampler_token_logps=[item[3] for item in items] if self.params.logprobs else None,
                     newest_version=newest if newest != oldest else None,
+                    action_masks=masks[i : i + n] if multi_turn else None,
                 )
             )
             i += n
@@ -276,6 +311,16 @@ class Searcher:
             "searcher/reference_tokens_per_s": self.ref_tokens / self.ref_s if self.ref_s else 0.0,
             "searcher/reward_mean": self.last_reward_mean,
         }
+        if self.conversations is not None:
+            out.update(
+                {
+                    "searcher/turns_per_conversation": s.turns / s.completions if s.completions else 0.0,
+                    "searcher/tool_calls": float(s.tool_calls),
+                    "searcher/tool_errors": float(s.tool_errors),
+                    "searcher/tool_timeouts": float(s.tool_timeouts),
+                    "searcher/environment_errors": float(s.environment_errors),
+                }
+            )
         out.update(self.reward_stats.metrics())
         return out
 

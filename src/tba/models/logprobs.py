@@ -301,8 +301,11 @@ def sequence_logprobs(
     temperature: float = 1.0,
     micro_batch: int | None = None,
     max_tokens: int | None = None,
+    action_masks: list[list[int]] | None = None,
 ) -> torch.Tensor:
     """Sum of completion-token log-probs per sequence, ``[N]``; differentiable unless under no_grad.
+    With ``action_masks`` (multi-turn trajectories, whole: pass no ``eos_ids``), the sum is over the
+    tokens marked 1 (the model's), never the environment's.
 
     ``micro_batch`` (sequences) and ``max_tokens`` (sequences × their longest prompt + longest
     completion, padding included) bound each forward pass, planned as the trainer plans its
@@ -312,20 +315,40 @@ def sequence_logprobs(
     sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
     chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens)  # each sequence a group of one
     return chunked_sums(
-        lambda ps, cs: token_logprobs(model, ps, cs, pad_id, eos_ids, temperature), prompts, completions, chunks
+        lambda ps, cs: token_logprobs(model, ps, cs, pad_id, eos_ids, temperature),
+        prompts,
+        completions,
+        chunks,
+        action_masks,
     )
 
 
-def chunked_sums(logprobs, prompts: list[list[int]], completions: list[list[int]], chunks: list[list[int]]):
+def chunked_sums(
+    logprobs,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    chunks: list[list[int]],
+    action_masks: list[list[int]] | None = None,
+):
     """Per-sequence sums ``[N]`` of ``logprobs(prompts, completions)`` (``[n, C]`` log-probs and a
-    mask) computed one chunk of sequence indices at a time, in the given order."""
+    mask) computed one chunk of sequence indices at a time, in the given order; with
+    ``action_masks``, of the tokens marked 1 only."""
+
+    def sums(idx: list[int]) -> torch.Tensor:
+        logp, _ = logprobs([prompts[i] for i in idx], [completions[i] for i in idx])
+        if action_masks is None:
+            return logp.sum(-1)
+        keep = torch.zeros(logp.shape, dtype=logp.dtype, device=logp.device)
+        for row, i in enumerate(idx):
+            marks = action_masks[i][: logp.shape[1]]
+            keep[row, : len(marks)] = torch.tensor(marks, dtype=logp.dtype)
+        return (logp * keep).sum(-1)
+
     if len(chunks) <= 1:
-        logp, _ = logprobs(prompts, completions)
-        return logp.sum(-1)
+        return sums(list(range(len(prompts))))
     out: list[torch.Tensor | None] = [None] * len(prompts)
     for chunk in chunks:
-        logp, _ = logprobs([prompts[i] for i in chunk], [completions[i] for i in chunk])
-        for i, value in zip(chunk, logp.sum(-1), strict=True):
+        for i, value in zip(chunk, sums(chunk), strict=True):
             out[i] = value
     return torch.stack(out)
 

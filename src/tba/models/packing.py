@@ -212,6 +212,7 @@ def packed_sequence_logprobs(
     micro_batch: int | None = None,
     max_tokens: int | None = None,
     width: int | str | None = None,
+    action_masks: list[list[int]] | None = None,
 ) -> torch.Tensor:
     """:func:`tba.models.logprobs.sequence_logprobs` from packed passes: each pass packs its
     sequences into rows of ``width`` positions (:func:`positions_per_row`), or pads them where that
@@ -226,7 +227,7 @@ def packed_sequence_logprobs(
             return packed_token_logprobs(model, ps, cs, None, temperature, width, pad_id)
         return token_logprobs(model, ps, cs, pad_id, None, temperature)
 
-    return chunked_sums(logprobs, prompts, completions, chunks)
+    return chunked_sums(logprobs, prompts, completions, chunks, action_masks)
 
 
 def packed_completion_logits(

@@ -4,6 +4,7 @@ settings). Warm-starting it into the demo's model is :mod:`tba.demo`'s job."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,47 @@ def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFa
         pad_token="<pad>",
         unk_token="<unk>",
         padding_side="left",
+    )
+
+
+CALL_OPEN = '{"name": "calculator", "arguments": {"expression": "'
+CALL_CLOSE = '"}}'
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", CALL_OPEN, CALL_CLOSE]
+"""The tool demo's tokens besides the characters: the hermes format's tags, and the boilerplate of
+a calculator call's JSON as one token each (a tiny model need not learn to spell JSON)."""
+
+TOOL_TEMPLATE = (
+    "{#- tiny hermes-like template: calls are <tool_call>{json}</tool_call>, results <tool_response> -#}"
+    "{{ bos_token }}{% if tools %}<tools>{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'user' %}{{ m.content }}"
+    "{% elif m.role == 'assistant' %}{{ m.content }}<eos>"
+    "{% elif m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>"
+    "{% endif %}{% endfor %}"
+)
+"""The tool demo's chat template: tools (when given) show as one ``<tools>`` token, a user turn is
+its text (``123*456=``), a reply ends with ``<eos>``, a tool's answer is wrapped in
+``<tool_response>`` tags; the next reply follows at once."""
+
+
+def build_tool_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer of :func:`build_char_tokenizer` plus :data:`TOOL_TOKENS`, with the
+    hermes-like :data:`TOOL_TEMPLATE`: for the tool-use demo (a calculator the model calls)."""
+    base = SPECIALS + CHARS + TOOL_TOKENS
+    vocab = {tok: i for i, tok in enumerate(base)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words = "|".join(re.escape(t) for t in sorted(TOOL_TOKENS, key=len, reverse=True))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+        chat_template=TOOL_TEMPLATE,
     )
 
 

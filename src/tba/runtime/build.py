@@ -13,12 +13,13 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
 from tba.config import Config, ConfigError
-from tba.demo import BUILTIN_PREFIX
+from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
 from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream, hf_continuous_problem
+from tba.generation.turns import make_conversations
 from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator, check_vllm_backend
 from tba.models.loading import (
     check_causal_lm,
@@ -37,7 +38,7 @@ from tba.models.lora import (
     published_state,
 )
 from tba.models.precision import Precision
-from tba.models.tiny import build_char_tokenizer
+from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
 from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher, StreamingSearcher
@@ -103,13 +104,15 @@ def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
     quiet_transformers()
     check_lora_config(cfg)
     m = cfg.model
-    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):
-        tokenizer = build_char_tokenizer()  # the demo model's tokenizer, without building the model
+    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # its tokenizer, without building the model
+        tokenizer = build_tool_tokenizer() if m.policy == TOOL_MODEL else build_char_tokenizer()
     else:
         what = "model.tokenizer" if m.tokenizer else "model.policy"
         tokenizer = load_tokenizer(m.tokenizer or m.policy, m.trust_remote_code, what=what)
     task = make_task(cfg, tokenizer, log)
     task.check()
+    if cfg.task.multi_turn:  # the tools load and the template can call them, before any model is loaded
+        make_conversations(cfg.task, tokenizer, eos_ids(tokenizer, None, m.eos_tokens, m.chat_template)).close()
     if cfg.eval.samples > 1 and not task.success_scores:
         raise ConfigError(
             f"eval.samples={cfg.eval.samples} asks for pass@k, which needs a success score: "
@@ -191,7 +194,8 @@ def make_searcher(
     )
     kind, streaming = Searcher, {}
     device_type = resolve_device(cfg.run.device).type
-    if g.streams(cfg.runtime.type, device_type):
+    conversations = make_conversations(cfg.task, tokenizer, eos)  # None for a single-turn task
+    if conversations is None and g.streams(cfg.runtime.type, device_type):
         exact = cfg.runtime.type == "sync"  # each step: its batch's prompts, all of them to the end
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
@@ -243,6 +247,7 @@ def make_searcher(
         ref_packing=t.reference_packing,
         ref_row_tokens=t.packing_row_tokens,
         reward_timeout=cfg.task.reward_timeout,
+        conversations=conversations,
         **streaming,
     )
 

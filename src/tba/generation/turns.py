@@ -1,0 +1,279 @@
+"""Conversations, turn by turn: generate a reply, let the environment answer, generate again.
+
+:class:`Conversations` runs one generation batch of multi-turn rollouts over any
+:class:`~tba.generation.base.Generator` (HF ``generate`` or vLLM): every turn is one batched
+``generate`` call over the conversations still going, and between turns the environment steps of
+all of them run side by side on a thread pool (a slow tool waits beside the others, not after
+them).
+
+The tokens are the searcher's: a trajectory is the model's replies as it generated them (each
+ending with its end-of-turn token) and, between them, the tokens of the text the chat template
+writes for the environment's messages (:func:`tba.environments.environment_text`), marked 0 in
+``action_mask``. The trainer and the reference pass sum log-probs over the marked-1 tokens only;
+the environment's tokens are conditioning. A conversation that ends by ``max_turns`` replies, by
+``max_tokens`` or by a reply cut at ``max_new_tokens`` is unfinished. An environment step that
+raises drops its conversation (counted in ``environment_errors``), never the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from tba.environments import ToolEnvironment, call, check_step, environment_text, load_environment
+from tba.generation.base import Completion, Generator, SamplingParams
+from tba.tools import ToolError, load_tools, tool_call_format
+
+COUNTS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "environment_errors")
+
+
+@dataclass
+class Trajectory(Completion):
+    """A completion that is a whole conversation after the prompt."""
+
+    action_mask: list[int] = field(default_factory=list)  # 1: a token the model generated; 0: the environment's
+    reward: float | None = None  # the environment's last reward; None: the task's reward functions score ``text``
+    text: str = ""  # the model's last reply (what the task's reward functions score)
+    turns: int = 0  # replies of the model
+    messages: list[dict] = field(default_factory=list)  # the conversation after the opening, for samples
+    failed: bool = False  # the environment raised: not a usable trajectory (dropped, counted)
+
+
+@dataclass
+class _Conversation:
+    env: object
+    messages: list[dict]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    done: bool = False
+    finished: bool = False
+    failed: bool = False
+    reward: float | None = None
+    turns: int = 0
+    last_reply: str = ""
+    last_ids: list[int] = field(default_factory=list)  # the last reply's tokens, end tokens left out
+
+
+class Conversations:
+    """Multi-turn rollouts with the environments that ``make_env()`` builds (one per conversation).
+
+    ``tools``: the tools' functions, rendered into the prompt by the chat template (for tool use;
+    None for an environment that brings its own instructions). ``end_text``: the template's
+    end-of-turn text after a reply; default: found from the template (:func:`turn_end_text`)."""
+
+    def __init__(
+        self,
+        tokenizer,
+        make_env: Callable[[], object],
+        eos_ids: set[int],
+        max_turns: int,
+        max_tokens: int | None = None,
+        tools: list[Callable] | None = None,
+        workers: int = 8,
+        end_text: str | None = None,
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.tokenizer = tokenizer
+        self.make_env = make_env
+        self.eos_ids = set(eos_ids)
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.tools = tools or None
+        self.end_text = end_text if end_text is not None else turn_end_text(tokenizer, self.eos_ids)
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tba-environment")
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.generate_s = 0.0  # seconds in the generator's calls (not the environment's steps)
+
+    def rollout(
+        self, generator: Generator, prompts: list, params: SamplingParams
+    ) -> tuple[list[list[int]], list[list[Trajectory]]]:
+        """The prompts' token ids (each conversation's opening, rendered with the tools) and
+        ``params.n`` trajectories per prompt, in prompt order."""
+        openings = list(self.pool.map(self._open, prompts, [params.n] * len(prompts)))
+        prompt_ids = [ids for ids, _ in openings]
+        convs = [c for _, group in openings for c in group]
+        first = self._generate(generator, prompt_ids, params)
+        self._take([c for group in first for c in group], convs, params)
+        for _ in range(1, self.max_turns):
+            alive = [i for i, c in enumerate(convs) if not c.done]
+            if not alive:
+                break
+            by_budget: dict[int, list[int]] = {}
+            for i in alive:
+                budget = self._budget(convs[i], params)
+                if budget < 1:  # no room for another reply
+                    convs[i].done = True
+                else:
+                    by_budget.setdefault(budget, []).append(i)
+            for budget, idx in by_budget.items():
+                contexts = [prompt_ids[i // params.n] + convs[i].ids for i in idx]
+                outs = self._generate(generator, contexts, replace(params, n=1, max_new_tokens=budget))
+                self._take([o[0] for o in outs], [convs[i] for i in idx], params)
+        trajectories = [self._trajectory(c, params) for c in convs]
+        n = params.n
+        return prompt_ids, [trajectories[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate(self, generator: Generator, prompts: list[list[int]], params: SamplingParams):
+        start = time.perf_counter()
+        try:
+            return generator.generate(prompts, params)
+        finally:
+            self.generate_s += time.perf_counter() - start
+
+    def take_generate_s(self) -> float:
+        """Seconds in the generator's calls since the last call."""
+        out, self.generate_s = self.generate_s, 0.0
+        return out
+
+    def _budget(self, conv: _Conversation, params: SamplingParams) -> int:
+        if self.max_tokens is None:
+            return params.max_new_tokens
+        return min(params.max_new_tokens, self.max_tokens - len(conv.ids))
+
+    def _open(self, prompt, n: int) -> tuple[list[int], list[_Conversation]]:
+        """The prompt's opening messages, rendered to token ids, and its ``n`` conversations (each
+        with an environment of its own, which must open the same way: a group shares its prompt)."""
+        convs = []
+        for _ in range(n):
+            env = self.make_env()
+            messages = list(call(env.reset, prompt))
+            if convs and messages != convs[0].messages:
+                raise ToolError(
+                    f"{type(env).__name__}.reset gave two different openings for prompt {prompt.id!r}: the "
+                    "completions of a group must share their prompt; make reset depend on the prompt only"
+                )
+            convs.append(_Conversation(env, messages))
+        ids = self.tokenizer.apply_chat_template(
+            convs[0].messages, tools=self.tools, add_generation_prompt=True, tokenize=True
+        )
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5: a BatchEncoding
+        return list(ids), convs
+
+    def _take(self, outs: list[Completion], convs: list[_Conversation], params: SamplingParams) -> None:
+        """Each conversation's new reply; then the environment's answers to the finished replies."""
+        stepping = []
+        for out, conv in zip(outs, convs, strict=True):
+            conv.ids += out.token_ids
+            conv.mask += [1] * len(out.token_ids)
+            conv.logps += out.token_logps if out.token_logps is not None else [0.0] * len(out.token_ids)
+            conv.turns += 1
+            self.counts["turns"] += 1
+            conv.last_ids = [t for t in out.token_ids if t not in self.eos_ids]
+            conv.last_reply = self.tokenizer.decode(conv.last_ids, skip_special_tokens=False)
+            if not out.finished:  # cut at max_new_tokens: the conversation cannot go on
+                conv.done = True
+                continue
+            conv.messages.append({"role": "assistant", "content": conv.last_reply})
+            stepping.append(conv)
+        for conv, result in zip(stepping, self.pool.map(self._step, stepping), strict=True):
+            if isinstance(result, Exception):
+                conv.done = conv.failed = True
+                self.counts["environment_errors"] += 1
+                continue
+            new_messages, reward, done = result
+            if reward is not None:
+                conv.reward = reward
+            if done:
+                conv.done = conv.finished = True
+            elif conv.turns >= self.max_turns:
+                conv.done = True  # the last reply asked for more: unfinished
+            else:
+                text = environment_text(conv.messages, new_messages, self.tokenizer, self.end_text, self.tools)
+                env_ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if self.max_tokens is not None and len(conv.ids) + len(env_ids) >= self.max_tokens:
+                    conv.done = True  # no room for the answer and another reply: unfinished
+                    continue
+                conv.messages += new_messages
+                conv.ids += env_ids
+                conv.mask += [0] * len(env_ids)
+                conv.logps += [0.0] * len(env_ids)
+        for conv in stepping:
+            if isinstance(conv.env, ToolEnvironment):
+                self._tool_counts(conv.env)
+
+    def _step(self, conv: _Conversation):
+        try:
+            return check_step(call(conv.env.step, list(conv.messages)), conv.env)
+        except Exception as e:  # a per-conversation problem: counted, the conversation dropped
+            return e
+
+    def _tool_counts(self, env: ToolEnvironment) -> None:
+        got = env.counts()
+        for key in ("calls", "errors", "timeouts"):
+            self.counts[f"tool_{key}"] += got[key]
+        env.calls = env.errors = env.timeouts = 0
+
+    def _trajectory(self, conv: _Conversation, params: SamplingParams) -> Trajectory:
+        return Trajectory(
+            token_ids=conv.ids,
+            finished=conv.finished,
+            token_logps=conv.logps if params.logprobs else None,
+            action_mask=conv.mask,
+            reward=conv.reward,
+            text=self.tokenizer.decode(conv.last_ids, skip_special_tokens=True),
+            turns=conv.turns,
+            messages=conv.messages,
+            failed=conv.failed,
+        )
+
+    def take_counts(self) -> dict[str, int]:
+        """The counts since the last call (turns, tool calls and their errors and timeouts,
+        environment steps that raised)."""
+        out, self.counts = self.counts, dict.fromkeys(COUNTS, 0)
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def turn_end_text(tokenizer, eos_ids: set[int]) -> str:
+    """The end-of-turn token the chat template writes after a reply (``<|im_end|>``), found by
+    rendering one exchange: the first of the end tokens (``eos_ids``) after the reply's text."""
+    probe = "TBA_REPLY_PROBE"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": probe}], tokenize=False
+    )
+    after = text[text.rfind(probe) + len(probe) :] if probe in text else ""
+    ends = [tokenizer.convert_ids_to_tokens(i) for i in sorted(eos_ids)]
+    found = [(after.find(e), e) for e in ends if e and after.find(e) >= 0]
+    if not found:
+        raise ToolError(
+            f"the chat template does not end a reply with one of the model's end tokens ({', '.join(map(str, ends))}): "
+            "a multi-turn conversation cannot be joined to the tokens the model wrote; add the template's "
+            "end-of-turn token to model.eos_tokens"
+        )
+    return min(found)[1]
+
+
+def make_conversations(task_cfg, tokenizer, eos_ids: set[int]) -> Conversations | None:
+    """The multi-turn rollouts of ``task_cfg`` (a task config section: ``tools`` or
+    ``environment``), checked against the tokenizer; None for a single-turn task."""
+    if not task_cfg.multi_turn:
+        return None
+    tools = None
+    if task_cfg.tools:
+        fmt = tool_call_format(tokenizer)
+        tools = load_tools(task_cfg.tools)
+
+        def make_env():
+            return ToolEnvironment(tools, fmt, timeout=task_cfg.tool_timeout, system=task_cfg.system_prompt)
+    else:
+        spec, kwargs = task_cfg.environment, dict(task_cfg.environment_args)
+        load_environment(spec, **kwargs)  # fails now, with what is wrong, not in the first rollout
+
+        def make_env():
+            return load_environment(spec, **kwargs)
+
+    return Conversations(
+        tokenizer,
+        make_env,
+        eos_ids,
+        task_cfg.max_turns,
+        task_cfg.max_trajectory_tokens,
+        tools,
+        task_cfg.environment_workers,
+    )
