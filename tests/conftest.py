@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tba.config import load_config
-from tba.demo import ensure_tiny_model
+from tba.demo import ensure_tiny_model, ensure_tiny_tool_model
 from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
 from tba.types import Rollout
 
@@ -44,6 +44,7 @@ HEAVY_FIRST = [
     "test_eval_command.py",
     "test_redteam.py",
     "test_tldr.py",
+    "test_turns.py",
 ]
 
 
@@ -87,6 +88,21 @@ def demo_cache(tmp_path_factory, request):
     with open(path.parent / "tba-cache.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ensure_tiny_model(load_config(None, SMALL_DEMO_ARGS).task, str(path), log=lambda m: None)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tool_cache(tmp_path_factory, request):
+    """A model cache holding the tool demo's model (``configs/tools.yaml``'s setting), built once per
+    test run and shared by the pytest-xdist workers as :func:`demo_cache` is."""
+    if not xdist_worker(request.config):
+        path = tmp_path_factory.mktemp("tba-tool-cache")
+    else:
+        path = tmp_path_factory.getbasetemp().parent / "tba-tool-cache"
+        path.mkdir(exist_ok=True)
+    with open(path.parent / "tba-tool-cache.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_tiny_tool_model(load_config("configs/tools.yaml", []).task, str(path), log=lambda m: None)
     return path
 
 

@@ -981,8 +981,19 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r} conflicts with an earlier one")
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        node[parts[-1]] = _override_value(raw)
     return tree
+
+
+def _override_value(raw: str) -> Any:
+    """An override's value as YAML reads it (``3e-4``, ``[a, b]``, ``null``); text that is not valid
+    YAML as it stands (``*``, ``"+-``) is taken as the plain string it was typed as."""
+    if raw == "":
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def evaluate(
         {"id": p.id, "prompt": p.text, "completion": t, "score": s, "answer": p.answer}
         for p, t, s in list(zip(prompts, texts, scores, strict=True))[: settings.log_samples]
     ]
-    if conversations is not None:  # the whole conversation after the opening, with the tools' answers
+    if conversations is not None:  # the whole conversation, with the tools' answers
         for sample, o in zip(samples, outs, strict=False):
             sample["conversation"] = o.messages
     return EvalResult(metrics, samples)

@@ -37,7 +37,7 @@ class Trajectory(Completion):
     reward: float | None = None  # the environment's last reward; None: the task's reward functions score ``text``
     text: str = ""  # the model's last reply (what the task's reward functions score)
     turns: int = 0  # replies of the model
-    messages: list[dict] = field(default_factory=list)  # the conversation after the opening, for samples
+    messages: list[dict] = field(default_factory=list)  # the whole conversation, opening included
     failed: bool = False  # the environment raised: not a usable trajectory (dropped, counted)
 
 

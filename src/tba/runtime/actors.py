@@ -45,6 +45,10 @@ _CUMULATIVE = (
     "searcher/no_reward",
     "searcher/reward_timeouts",
     "searcher/lost_in_flight",
+    "searcher/tool_calls",
+    "searcher/tool_errors",
+    "searcher/tool_timeouts",
+    "searcher/environment_errors",
     "tokens",
     "elapsed_s",
 )

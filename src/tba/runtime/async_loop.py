@@ -168,11 +168,15 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
         "searcher/reward_timeouts": float(sum(s.get("searcher/reward_timeouts", 0.0) for s in stats.values())),
     }
+    if any("searcher/turns_per_conversation" in s for s in stats.values()):  # weighted by each one's conversations
+        replies = sum(s.get("searcher/turns_per_conversation", 0.0) * s["searcher/completions"] for s in stats.values())
+        out["searcher/turns_per_conversation"] = replies / max(completions, 1.0)
     busy = [s["searcher/engine_busy"] for s in stats.values() if "searcher/engine_busy" in s]
     if busy:
         out["searcher/engine_busy"] = sum(busy) / len(busy)
     streaming = ("searcher/prompts_taken", "searcher/groups_sent", "searcher/in_flight", "searcher/lost_in_flight")
-    for key in streaming:
+    turns = ("searcher/tool_calls", "searcher/tool_errors", "searcher/tool_timeouts", "searcher/environment_errors")
+    for key in streaming + turns:
         if any(key in s for s in stats.values()):
             out[key] = float(sum(s.get(key, 0.0) for s in stats.values()))
     p50 = [s["searcher/group_latency_p50_s"] for s in stats.values() if "searcher/group_latency_p50_s" in s]

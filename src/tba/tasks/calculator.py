@@ -7,31 +7,40 @@ import ast
 import operator
 import time
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+}
 
 
 def calculator(expression: str) -> str:
-    """Compute an integer arithmetic expression.
+    """Compute an arithmetic expression.
 
     Args:
-        expression: digits, parentheses and the operators + - * // (for example "123*456")
+        expression: numbers, parentheses and the operators + - * / // (for example "123*456")
     """
-    return str(_evaluate(ast.parse(expression.strip(), mode="eval").body))
+    value = _evaluate(ast.parse(expression.strip(), mode="eval").body)
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else round(value, 6)
+    return str(value)
 
 
 def slow_calculator(expression: str) -> str:
-    """Compute an integer arithmetic expression, taking 0.2 seconds (a stand-in for a slow tool:
-    a sandbox, a search engine, a remote service).
+    """Compute an arithmetic expression, taking 0.2 seconds (a stand-in for a slow tool: a sandbox,
+    a search engine, a remote service).
 
     Args:
-        expression: digits, parentheses and the operators + - * // (for example "123*456")
+        expression: numbers, parentheses and the operators + - * / // (for example "123*456")
     """
     time.sleep(0.2)
     return calculator(expression)
 
 
-def _evaluate(node: ast.AST) -> int:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_evaluate(node.operand)
@@ -40,4 +49,4 @@ def _evaluate(node: ast.AST) -> int:
         if abs(left) > 10**12 or abs(right) > 10**12:
             raise ValueError("numbers above 10^12 are not supported")
         return _OPS[type(node.op)](left, right)
-    raise ValueError(f"not an integer expression: {ast.unparse(node)!r} (use digits, + - * // and parentheses)")
+    raise ValueError(f"not an arithmetic expression: {ast.unparse(node)!r} (use numbers, + - * / // and parentheses)")
