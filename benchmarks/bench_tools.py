@@ -13,8 +13,9 @@ the task's 256 held-out problems (products of numbers of up to three digits):
 - *without*: the same model and prompts with no tool (``--task.tools=[]``): its first reply is
   its answer, as if it multiplied by itself.
 
-The slow-tool part trains the same steps in both runtimes with ``slow_calculator`` (each call
-sleeps 0.2 s): the sync runtime waits for the tools, then trains; the ray runtime's searcher
+The slow-tool part trains the same steps in both runtimes, at each ``--workers`` (threads that run
+one turn's tool calls at once), with ``tba.tasks.slow_tools:calculator`` (each
+call sleeps 0.2 s): the sync runtime waits for the tools, then trains; the ray runtime's searcher
 waits for them while the trainer trains. Printed: wall-clock, trainer steps per second, the ratio.
 Results go to ``--out`` (``results.json`` and ``results.md``).
 """
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tools.yaml"
-SLOW = "--task.tools=[tba.tasks.calculator:slow_calculator]"
+SLOW = "--task.tools=[tba.tasks.slow_tools:calculator]"
 
 
 def tba(*args: str) -> str:
@@ -85,6 +86,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="RL steps of the accuracy part")
     parser.add_argument("--slow-steps", type=int, default=60, help="trainer steps of each slow-tool run")
     parser.add_argument("--searchers", type=int, nargs="+", default=[1, 4], help="ray runs' searcher counts")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[8, 128], help="task.environment_workers: tool calls run at once"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tools"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -111,15 +115,18 @@ def main() -> None:
     if args.part in ("slow-tool", "both"):
         rows = []
         slow = [SLOW, f"--eval.every={args.slow_steps}", "--eval.limit=32"]
-        for runtime, searchers in [("sync", 1)] + [("ray", n) for n in args.searchers]:
-            # searchers waiting on tools need little CPU: several share the cores the trainer leaves
-            share = [f"--runtime.num_searchers={searchers}", f"--runtime.searcher_cpus={1 / searchers:.3g}"]
-            name = f"slow-{runtime}" + (f"-{searchers}" if runtime == "ray" else "")
-            run = train(runs, name, runtime, args.slow_steps, slow + (share if runtime == "ray" else []))
-            run["searchers"] = searchers
-            run["ratio"] = round(rows[0]["wall_s"] / run["wall_s"], 2) if rows else 1.0
-            print(json.dumps(run))
-            rows.append(run)
+        for workers in args.workers:
+            base = None
+            for runtime, searchers in [("sync", 1)] + [("ray", n) for n in args.searchers]:
+                extra = [*slow, f"--task.environment_workers={workers}"]
+                if runtime == "ray":  # searchers waiting on tools need little CPU: they share the trainer's cores
+                    extra += [f"--runtime.num_searchers={searchers}", f"--runtime.searcher_cpus={1 / searchers:.3g}"]
+                name = f"slow-{runtime}-{searchers}-w{workers}"
+                run = train(runs, name, runtime, args.slow_steps, extra)
+                base = base or run
+                run.update(searchers=searchers, workers=workers, ratio=round(base["wall_s"] / run["wall_s"], 2))
+                print(json.dumps(run))
+                rows.append(run)
         results["slow_tool"] = {"runs": rows}
     path.write_text(json.dumps(results, indent=2))
     (args.out / "results.md").write_text(markdown(results))
@@ -143,13 +150,14 @@ def markdown(results: dict) -> str:
         lines.append("")
     if "slow_tool" in results:
         lines += [
-            "| runtime (tool: 0.2 s a call) | searchers | steps | wall-clock s | loop s | tool calls | sync / this |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| runtime (tool: 0.2 s a call) | searchers | tool threads | steps | wall-clock s | loop s | tool calls "
+            "| sync / this |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in results["slow_tool"]["runs"]:
             lines.append(
-                f"| {r['runtime']} | {r['searchers']} | {r['steps']} | {r['wall_s']} | {r['loop_s']} | "
-                f"{r['tool_calls'] or 0:.0f} | {r['ratio']}x |"
+                f"| {r['runtime']} | {r['searchers']} | {r['workers']} | {r['steps']} | {r['wall_s']} | "
+                f"{r['loop_s']} | {r['tool_calls'] or 0:.0f} | {r['ratio']}x |"
             )
     return "\n".join(lines) + "\n"
 

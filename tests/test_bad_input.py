@@ -225,6 +225,26 @@ CASES = [
         before="trained",
     ),
     Case(
+        "tools for a model without a chat template",
+        ["--task.tools=[tba.tasks.calculator:calculator]"],
+        ["task.tools: the tokenizer has no chat template", "Qwen2.5-0.5B-Instruct"],
+    ),
+    Case(
+        "a tool that cannot be imported",
+        ["--model.policy=builtin:tiny-tools", "--task.tools=[no_such_module:add]"],
+        ["task.tools: cannot import 'no_such_module'"],
+    ),
+    Case(
+        "tools and an environment",
+        ["--task.tools=[tba.tasks.calculator:calculator]", "--task.environment=tba.tasks.calculator:calculator"],
+        ["task.tools and task.environment", "leave task.environment unset"],
+    ),
+    Case(
+        "an environment that is not one",
+        ["--model.policy=builtin:tiny-tools", "--task.environment=tba.tasks.calculator:calculator"],
+        ["task.environment: tba.tasks.calculator:calculator(**task.environment_args) failed"],
+    ),
+    Case(
         "output folder not writable",
         [*DATA, "--run.output_dir={data}/runs"],
         ["data.jsonl is a file, not a folder", "set run.output_dir to a writable folder"],

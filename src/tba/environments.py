@@ -54,7 +54,10 @@ def load_environment(spec: str, **kwargs) -> Any:
         raise ToolError(f"task.environment: cannot import {module!r} ({e}); is it on PYTHONPATH?") from None
     except AttributeError:
         raise ToolError(f"task.environment: module {module!r} has no {name!r}") from None
-    env = factory(**kwargs)
+    try:
+        env = factory(**kwargs)
+    except TypeError as e:  # arguments it does not take, or not a class or function at all
+        raise ToolError(f"task.environment: {spec}(**task.environment_args) failed: {e}") from None
     missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
     if missing:
         raise ToolError(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import operator
-import time
 
 _OPS = {
     ast.Add: operator.add,
@@ -26,17 +25,6 @@ def calculator(expression: str) -> str:
     if isinstance(value, float):
         value = int(value) if value.is_integer() else round(value, 6)
     return str(value)
-
-
-def slow_calculator(expression: str) -> str:
-    """Compute an arithmetic expression, taking 0.2 seconds (a stand-in for a slow tool: a sandbox,
-    a search engine, a remote service).
-
-    Args:
-        expression: numbers, parentheses and the operators + - * / // (for example "123*456")
-    """
-    time.sleep(0.2)
-    return calculator(expression)
 
 
 def _evaluate(node: ast.AST) -> int | float:
