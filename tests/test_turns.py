@@ -199,7 +199,7 @@ def test_searcher_groups_are_trajectories_whose_reference_counts_the_models_toke
     assert s.stats.tokens == sum(sum(m) for g in groups for m in g.action_masks)  # the model's tokens
 
 
-@pytest.mark.parametrize("objective", ["tb", "grpo"])
+@pytest.mark.parametrize("objective", ["tb", "grpo", "dr_grpo", "ppo", "rloo", "online_dpo"])
 def test_multi_turn_groups_train(tok, objective):
     from tests.test_lean_training import step_gradients
 

@@ -72,7 +72,7 @@ class Conversations:
         max_turns: int,
         max_tokens: int | None = None,
         tools: list[Callable] | None = None,
-        workers: int = 8,
+        workers: int = 128,
         end_text: str | None = None,
     ):
         if max_turns < 1:
