@@ -75,35 +75,36 @@ def stored_rollouts(run_dir, step) -> list[Rollout]:
     return buffer.rollouts()
 
 
+def shared_cache(tmp_path_factory, request, name: str, build) -> object:
+    """A model cache folder built once per test run by ``build(path)``; with pytest-xdist the workers
+    share one beside their temporary directories: the first builds it, the others wait on its lock."""
+    if not xdist_worker(request.config):
+        path = tmp_path_factory.mktemp(name)
+    else:
+        path = tmp_path_factory.getbasetemp().parent / name
+        path.mkdir(exist_ok=True)
+    with open(path.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build(str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def demo_cache(tmp_path_factory, request):
-    """A model cache holding the small demo setting's warm-started model, built once per test run,
-    so searcher processes find it instead of building it. With pytest-xdist the workers share one
-    cache beside their temporary directories: the first builds it, the others wait on its lock."""
-    if not xdist_worker(request.config):
-        path = tmp_path_factory.mktemp("tba-cache")
-    else:
-        path = tmp_path_factory.getbasetemp().parent / "tba-cache"
-        path.mkdir(exist_ok=True)
-    with open(path.parent / "tba-cache.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ensure_tiny_model(load_config(None, SMALL_DEMO_ARGS).task, str(path), log=lambda m: None)
-    return path
+    """A model cache holding the small demo setting's warm-started model, so searcher processes
+    find it instead of building it."""
+    task = load_config(None, SMALL_DEMO_ARGS).task
+    return shared_cache(
+        tmp_path_factory, request, "tba-cache", lambda p: ensure_tiny_model(task, p, log=lambda m: None)
+    )
 
 
 @pytest.fixture(scope="session")
 def tool_cache(tmp_path_factory, request):
-    """A model cache holding the tool demo's model (``configs/tools.yaml``'s setting), built once per
-    test run and shared by the pytest-xdist workers as :func:`demo_cache` is."""
-    if not xdist_worker(request.config):
-        path = tmp_path_factory.mktemp("tba-tool-cache")
-    else:
-        path = tmp_path_factory.getbasetemp().parent / "tba-tool-cache"
-        path.mkdir(exist_ok=True)
-    with open(path.parent / "tba-tool-cache.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ensure_tiny_tool_model(load_config("configs/tools.yaml", []).task, str(path), log=lambda m: None)
-    return path
+    """A model cache holding the tool demo's model (``configs/tools.yaml``'s setting)."""
+    task = load_config("configs/tools.yaml", []).task
+    build = lambda p: ensure_tiny_tool_model(task, p, log=lambda m: None)  # noqa: E731
+    return shared_cache(tmp_path_factory, request, "tba-tool-cache", build)
 
 
 SMALL = TinySpec(hidden_size=32, layers=2, heads=2, intermediate_size=64, max_positions=64)

@@ -66,6 +66,22 @@ def greedy_accuracy(model, tokenizer, task: ArithmeticTask, prompts, max_new_tok
     return sum(task.reward(p, t) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
 
 
+def supervised_step(model, opt, prompts, targets, pad_id: int, masks=None) -> torch.Tensor:
+    """One optimizer step of next-token cross-entropy on ``targets`` after ``prompts`` (token ids);
+    with ``masks``, on the target tokens marked 1 only. Returns the loss."""
+    ids, attn, comp_mask, p_len = pack(prompts, targets, pad_id)
+    for i, mask in enumerate(masks or []):
+        comp_mask[i, : len(mask)] *= torch.tensor(mask)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, p_len:], reduction="none")
+    loss = (nll * comp_mask).sum() / comp_mask.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = DEFAULT_SPEC, log=print) -> dict:
     """Supervised training on correct answers until validation accuracy reaches the target."""
     rng = random.Random(spec.seed)
@@ -78,14 +94,7 @@ def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = DEFAULT_
         batch = task.sample_prompts(spec.batch_size, rng)
         prompts = [tokenizer(p.text)["input_ids"] for p in batch]
         targets = [tokenizer(task.target(p), add_special_tokens=False)["input_ids"] + [eos] for p in batch]
-        ids, attn, comp_mask, p_len = pack(prompts, targets, tokenizer.pad_token_id)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, p_len:], reduction="none")
-        loss = (nll * comp_mask).sum() / comp_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = supervised_step(model, opt, prompts, targets, tokenizer.pad_token_id)
         if step % spec.check_every == 0:
             acc = greedy_accuracy(model, tokenizer, task, valid, task.max_answer_tokens + 1)
             log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy {acc:.1%}")
@@ -157,16 +166,8 @@ def warm_start_tools(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TO
     for step in range(1, spec.max_steps + 1):
         model.train()
         traces = [tool_trace(tokenizer, p, tools) for p in task.sample_prompts(spec.batch_size, rng)]
-        ids, attn, comp_mask, p_len = pack([t[0] for t in traces], [t[1] for t in traces], tokenizer.pad_token_id)
-        for i, (_, _, mask) in enumerate(traces):
-            comp_mask[i, : len(mask)] *= torch.tensor(mask)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, p_len - 1 : -1]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, p_len:], reduction="none")
-        loss = (nll * comp_mask).sum() / comp_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        prompts, targets, masks = (list(column) for column in zip(*traces, strict=True))
+        loss = supervised_step(model, opt, prompts, targets, tokenizer.pad_token_id, masks)
         if step % spec.check_every == 0:
             model.eval()
             acc = tool_accuracy(model, tokenizer, task, valid, TOOLS)

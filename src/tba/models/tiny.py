@@ -42,9 +42,15 @@ def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFa
     vocabulary to that size, for a model with a realistic output head (benchmarks); every id decodes."""
     base = SPECIALS + CHARS
     filler = [f"<t{i}>" for i in range(max(0, (vocab_size or 0) - len(base)))]
-    vocab = {tok: i for i, tok in enumerate(base + filler)}
+    return _word_tokenizer(base + filler, ".")  # one token per character
+
+
+def _word_tokenizer(tokens: list[str], pattern: str, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A tokenizer whose tokens are ``tokens`` (the first four: :data:`SPECIALS`), split off the text
+    by the regex ``pattern``, ``<bos>`` first."""
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
     return PreTrainedTokenizerFast(
@@ -54,6 +60,7 @@ def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFa
         pad_token="<pad>",
         unk_token="<unk>",
         padding_side="left",
+        **({"chat_template": chat_template} if chat_template else {}),
     )
 
 
@@ -80,22 +87,8 @@ its text (``123*456=``), a reply ends with ``<eos>``, a tool's answer is wrapped
 def build_tool_tokenizer() -> PreTrainedTokenizerFast:
     """The character tokenizer of :func:`build_char_tokenizer` plus :data:`TOOL_TOKENS`, with the
     hermes-like :data:`TOOL_TEMPLATE`: for the tool-use demo (a calculator the model calls)."""
-    base = SPECIALS + CHARS + TOOL_TOKENS
-    vocab = {tok: i for i, tok in enumerate(base)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     words = "|".join(re.escape(t) for t in sorted(TOOL_TOKENS, key=len, reverse=True))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{words}|."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        padding_side="left",
-        chat_template=TOOL_TEMPLATE,
-    )
+    return _word_tokenizer(SPECIALS + CHARS + TOOL_TOKENS, f"{words}|.", TOOL_TEMPLATE)
 
 
 def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, spec: TinySpec = TinySpec()) -> LlamaForCausalLM:
