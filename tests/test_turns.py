@@ -289,3 +289,26 @@ def test_a_resumed_tool_run_continues_bit_exact_with_its_trajectories(tmp_path, 
     for r in with_tool:  # the tool's answer sits between the model's call and its final answer
         first_env = r.action_mask.index(0)
         assert r.completion[first_env - 1] == 2 and r.action_mask[-1] == 1  # after the call's <eos>
+
+
+class ToolUseTask(ArithmeticTask):
+    """Rewards a conversation for the tool answers in it, from the ``conversation`` column."""
+
+    def reward_functions(self):
+        from tba.rewards import make_reward_fn
+
+        def tool_answers(prompts, completions, completion_ids, conversation, **_):
+            return [float(sum(m["role"] == "tool" for m in c)) for c in conversation]
+
+        return [make_reward_fn("tool_answers", tool_answers)]
+
+
+def test_reward_functions_can_read_the_whole_conversation(tok):
+    torch.manual_seed(0)
+    s = _searcher(tok, build_tiny_llama(tok, SMALL).eval())
+    s.task = ToolUseTask(3, "*", 16, 1234)
+    assert all(g.rewards == [1.0, 1.0] for g in s.step())  # one tool answer in each conversation
+    result = evaluate(
+        s.task, ScriptedPolicy(tok), tok, EvalSettings(max_new_tokens=16), eos_ids={2}, conversations=s.conversations
+    )
+    assert result.metrics["eval/accuracy"] == 1.0

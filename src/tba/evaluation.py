@@ -33,7 +33,7 @@ from tba.config import Config
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.generation.turns import Conversations, Trajectory, make_conversations
+from tba.generation.turns import Conversations, Trajectory, make_conversations, with_conversation
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
 from tba.tasks.base import EvalContext, Task
@@ -98,6 +98,7 @@ def _generate(generator, tokenizer, prompts, params, chat_template, conversation
 def _scores(task: Task, prompts, texts, outs, stats) -> list[float | None]:
     """The task's score of each completion; a conversation's environment reward where it gave one
     (a conversation whose environment raised: None, unscored)."""
+    prompts = [with_conversation(p, o) for p, o in zip(prompts, outs, strict=True)]
     scores = task.scores(prompts, texts, [o.token_ids for o in outs], stats)
     for i, o in enumerate(outs):
         if getattr(o, "failed", False):

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tba.generation.base import Generator, SamplingParams
-from tba.generation.turns import Conversations, Trajectory
+from tba.generation.turns import Conversations, Trajectory, with_conversation
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
 from tba.models.packing import choose_packing, packed_sequence_logprobs
@@ -224,7 +224,11 @@ class Searcher:
         texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
         # a conversation is scored on its last reply
         texts = [out.text if isinstance(out, Trajectory) else t for (_, out), t in zip(to_score, texts, strict=True)]
-        return [prompts[i] for i, _ in to_score], texts, [out.token_ids for _, out in to_score]
+        return (
+            [with_conversation(prompts[i], out) for i, out in to_score],
+            texts,
+            [out.token_ids for _, out in to_score],
+        )
 
     def _call_rewards(self, prompts, texts, ids, stats: RewardStats) -> tuple[list[float | None], RewardStats]:
         """One call of the task's rewards, counting into ``stats`` (a fork: safe on a scoring thread)."""

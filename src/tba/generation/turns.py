@@ -17,6 +17,7 @@ raises drops its conversation (counted in ``environment_errors``), never the bat
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -228,6 +229,15 @@ class Conversations:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def with_conversation(prompt, out):
+    """``prompt`` with the conversation of ``out`` as its ``conversation`` column, when ``out`` is a
+    :class:`Trajectory`: reward functions that take a ``conversation`` argument see every message
+    (the tools' answers too), not only the last reply."""
+    if not isinstance(out, Trajectory):
+        return prompt
+    return dataclasses.replace(prompt, columns={**prompt.columns, "conversation": out.messages})
 
 
 def turn_end_text(tokenizer, eos_ids: set[int]) -> str:
