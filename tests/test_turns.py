@@ -240,6 +240,8 @@ def test_multi_turn_settings_are_checked():
         load_config(None, [f"--task.tools={TOOLS}", "--task.environment=tests.test_turns:Broken"])
     with pytest.raises(ConfigError, match="generation.stream=false"):
         load_config(None, [f"--task.tools={TOOLS}", "--generation.stream=true"])
+    with pytest.raises(ConfigError, match="turns are written by the chat template"):
+        load_config(None, [f"--task.tools={TOOLS}", "--model.chat_template=false"])
     with pytest.raises(ConfigError, match="without task.environment"):
         load_config(None, ["--task.environment_args={a: 1}"])
     cfg = load_config(None, [f"--task.tools={TOOLS}"])

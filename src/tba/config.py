@@ -903,6 +903,11 @@ class Config(_Section):
                 "between generation calls, which would abort a stream's requests in flight; a streaming "
                 "searcher keeps its engine awake: set generation.vllm.sleep=false"
             )
+        if self.model.chat_template is False and self.task.multi_turn:
+            raise ValueError(
+                "model.chat_template=false with task.tools or task.environment: a conversation's turns are written "
+                "by the chat template; leave model.chat_template unset (or true)"
+            )
         if self.generation.stream is True and self.task.multi_turn:
             raise ValueError(
                 "generation.stream with task.tools or task.environment: a conversation goes turn by turn through "
