@@ -314,3 +314,53 @@ def test_reward_functions_can_read_the_whole_conversation(tok):
         s.task, ScriptedPolicy(tok), tok, EvalSettings(max_new_tokens=16), eos_ids={2}, conversations=s.conversations
     )
     assert result.metrics["eval/accuracy"] == 1.0
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+class ChatPolicy:
+    """Replies as text, each ended with the template's end-of-turn token: first a call, then the answer."""
+
+    def __init__(self, tok, end_id):
+        self.tok, self.end_id = tok, end_id
+
+    def generate(self, prompts, params):
+        out = []
+        for ids in prompts:
+            answered = "<tool_response>" in self.tok.decode(ids)
+            reply = "It is 56088." if answered else '<tool_call>{"name": "multiply", "arguments": {"a": 123, "b": 456}}'
+            reply += "" if answered else "</tool_call>"
+            tokens = self.tok.encode(reply, add_special_tokens=False) + [self.end_id]
+            out.append([Completion(tokens, True) for _ in range(params.n)])
+        return out
+
+
+def test_a_chatml_conversation_is_the_text_the_template_renders():
+    """On a byte-level BPE tokenizer with a Qwen-like template (``<|im_end|>`` ends a turn and is not the
+    tokenizer's EOS), the prompt and the trajectory decode to exactly the template's rendering of the
+    whole conversation: the tokens appended between turns are the template's own separators."""
+    from tests.test_tools import HERMES_TEMPLATE
+    from tests.tiny_bpe import IM_END, build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer()
+    tok.chat_template = HERMES_TEMPLATE
+    end = tok.convert_tokens_to_ids(IM_END)
+    tools = load_tools([multiply])
+    turns = Conversations(tok, lambda: ToolEnvironment(tools, "hermes"), {tok.eos_token_id, end}, 3, tools=tools)
+    assert turns.end_text == IM_END
+    (p,) = _prompts(1)
+    [ids], [[t]] = turns.rollout(ChatPolicy(tok, end), [p], SamplingParams(max_new_tokens=64))
+    assert t.finished and t.turns == 2 and t.text == "It is 56088."
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
+    rendered = tok.apply_chat_template(t.messages, tools=tools, tokenize=False)
+    assert tok.decode(ids + t.token_ids) == rendered.removesuffix("\n")  # the last reply ends at its <|im_end|>
+    environment = tok.decode([x for x, m in zip(t.token_ids, t.action_mask, strict=True) if not m])
+    assert environment == "\n<|im_start|>user\n<tool_response>56088</tool_response><|im_end|>\n<|im_start|>assistant\n"
