@@ -184,15 +184,8 @@ def ensure_tiny_tool_model(task_cfg, cache_dir: str | None = None, spec: TinySpe
     if task_cfg.name != "arithmetic":
         raise ValueError(f"{TOOL_MODEL} is warm-started on the arithmetic task, not {task_cfg.name!r}")
     path = tiny_model_path(task_cfg, cache_dir, spec, kind="tiny-tools")
-    if (path / "warm_start.json").is_file():
-        return path
-    log(f"building the tool demo model (once; cached at {path})")
-    torch.manual_seed(spec.seed)
-    tokenizer = build_tool_tokenizer()
-    model = build_tiny_llama(tokenizer, spec)
     task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms)
-    info = warm_start_tools(model, tokenizer, task, spec, log)
-    return _save(path, model, tokenizer, info, log)
+    return _cached(path, "tool demo model", spec, build_tool_tokenizer, warm_start_tools, task, log)
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
@@ -219,20 +212,22 @@ def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = D
     if task_cfg.name != "arithmetic":
         raise ValueError(f"builtin:tiny-arithmetic is warm-started on the arithmetic task, not {task_cfg.name!r}")
     path = tiny_model_path(task_cfg, cache_dir, spec)
-    if (path / "warm_start.json").is_file():
-        return path
-    log(f"building the demo model (once; cached at {path})")
-    torch.manual_seed(spec.seed)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(tokenizer, spec)
     task = ArithmeticTask(
         task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms, task_cfg.show_work
     )
-    info = warm_start(model, tokenizer, task, spec, log)
-    return _save(path, model, tokenizer, info, log)
+    return _cached(path, "demo model", spec, build_char_tokenizer, warm_start, task, log)
 
 
-def _save(path: Path, model, tokenizer, info: dict, log) -> Path:
+def _cached(path: Path, what: str, spec: TinySpec, make_tokenizer, warm, task, log) -> Path:
+    """``path`` if it holds a finished build; else a tiny Llama over ``make_tokenizer()``, warm-started
+    by ``warm(model, tokenizer, task, spec, log)`` and saved there."""
+    if (path / "warm_start.json").is_file():
+        return path
+    log(f"building the {what} (once; cached at {path})")
+    torch.manual_seed(spec.seed)
+    tokenizer = make_tokenizer()
+    model = build_tiny_llama(tokenizer, spec)
+    info = warm(model, tokenizer, task, spec, log)
     info["parameters"] = sum(p.numel() for p in model.parameters())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".building-"))
