@@ -251,7 +251,7 @@ def test_multi_turn_settings_are_checked():
         make_conversations(cfg.task, build_char_tokenizer(), {2})
 
 
-def test_a_resumed_tool_run_continues_bit_exact_with_its_trajectories(tmp_path, tool_cache):
+def test_a_resumed_tool_run_continues_bit_exact_with_its_trajectories(tmp_path, tool_model):
     from safetensors.torch import load_file
     from tests.conftest import stored_rollouts
 
@@ -263,7 +263,7 @@ def test_a_resumed_tool_run_continues_bit_exact_with_its_trajectories(tmp_path, 
             [
                 "--runtime.type=sync",
                 "--logging.progress=false",
-                f"--model.cache_dir={tool_cache}",
+                f"--model.policy={tool_model}",
                 f"--run.output_dir={tmp_path}",
                 f"--run.name={name}",
                 f"--trainer.steps={steps}",
