@@ -33,7 +33,7 @@ from tba.config import Config
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.generation.turns import Conversations, Trajectory, make_conversations, with_conversation
+from tba.generation.turns import Conversations, make_conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
 from tba.tasks.base import EvalContext, Task
@@ -63,7 +63,7 @@ def evaluate(
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=settings.max_new_tokens)
     ids, outs = _generate(generator, tokenizer, prompts, greedy, chat_template, conversations)
     outs = [o[0] for o in outs]
-    texts = _decode(tokenizer, outs, eos)
+    texts = reply_texts(tokenizer, outs, eos)
     scores = _scores(task, prompts, texts, outs, stats)
     scored = [s for s in scores if s is not None]
     metrics = {
@@ -125,7 +125,7 @@ def _sampled(
     else:
         groups = generator.generate(ids, params)
     outs = [c for group in groups for c in group]  # [problems * n], per problem consecutive
-    texts = _decode(tokenizer, outs, eos)
+    texts = reply_texts(tokenizer, outs, eos)
     flat_prompts = [p for p in prompts for _ in range(n)]
     scores = _scores(task, flat_prompts, texts, outs, stats)
     problems = []
@@ -138,12 +138,6 @@ def _sampled(
     out = {f"eval/{name}": value for name, value in found.items() if name != "mean_score"}
     out["eval/sampled_success"] = found["mean_score"]
     return out
-
-
-def _decode(tokenizer, outs, eos: set[int]) -> list[str]:
-    """The text each completion is scored on: a conversation's last reply, or the whole completion."""
-    texts = tokenizer.batch_decode([[t for t in o.token_ids if t not in eos] for o in outs], skip_special_tokens=True)
-    return [o.text if isinstance(o, Trajectory) else t for o, t in zip(outs, texts, strict=True)]
 
 
 def eval_settings(cfg: Config) -> EvalSettings:

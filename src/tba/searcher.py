@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tba.generation.base import Generator, SamplingParams
-from tba.generation.turns import Conversations, Trajectory, with_conversation
+from tba.generation.turns import Conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
 from tba.models.packing import choose_packing, packed_sequence_logprobs
@@ -220,10 +220,7 @@ class Searcher:
         return kept, to_score
 
     def _reward_args(self, prompts, to_score) -> tuple[list, list[str], list[list[int]]]:
-        content = [[t for t in out.token_ids if t not in self.eos_ids] for _, out in to_score]
-        texts = self.tokenizer.batch_decode(content, skip_special_tokens=True)
-        # a conversation is scored on its last reply
-        texts = [out.text if isinstance(out, Trajectory) else t for (_, out), t in zip(to_score, texts, strict=True)]
+        texts = reply_texts(self.tokenizer, [out for _, out in to_score], self.eos_ids)
         return (
             [with_conversation(prompts[i], out) for i, out in to_score],
             texts,

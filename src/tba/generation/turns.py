@@ -192,9 +192,6 @@ class Conversations:
                 conv.ids += env_ids
                 conv.mask += [0] * len(env_ids)
                 conv.logps += [0.0] * len(env_ids)
-        for conv in stepping:
-            if isinstance(conv.env, ToolEnvironment):
-                self._tool_counts(conv.env)
 
     def _step(self, conv: _Conversation):
         try:
@@ -202,13 +199,10 @@ class Conversations:
         except Exception as e:  # a per-conversation problem: counted, the conversation dropped
             return e
 
-    def _tool_counts(self, env: ToolEnvironment) -> None:
-        got = env.counts()
-        for key in ("calls", "errors", "timeouts"):
-            self.counts[f"tool_{key}"] += got[key]
-        env.calls = env.errors = env.timeouts = 0
-
     def _trajectory(self, conv: _Conversation, params: SamplingParams) -> Trajectory:
+        if isinstance(conv.env, ToolEnvironment):  # its environment served this conversation only
+            for key, value in conv.env.counts().items():
+                self.counts[f"tool_{key}"] += value
         return Trajectory(
             token_ids=conv.ids,
             finished=conv.finished,
@@ -229,6 +223,19 @@ class Conversations:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def reply_texts(tokenizer, outs: list[Completion], eos_ids: set[int]) -> list[str]:
+    """The text each completion is scored on: a conversation's last reply (:attr:`Trajectory.text`),
+    else the completion decoded without its end tokens and special tokens."""
+    plain = [i for i, o in enumerate(outs) if not isinstance(o, Trajectory)]
+    decoded = tokenizer.batch_decode(
+        [[t for t in outs[i].token_ids if t not in eos_ids] for i in plain], skip_special_tokens=True
+    )
+    texts = [o.text if isinstance(o, Trajectory) else "" for o in outs]
+    for i, text in zip(plain, decoded, strict=True):
+        texts[i] = text
+    return texts
 
 
 def with_conversation(prompt, out):
