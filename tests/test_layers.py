@@ -16,6 +16,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "config_reference": 0,
     "errors": 0,
     "allocator": 0,
+    "machine": 0,
     "objectives": 1,
     "buffer": 1,
     "rewards": 1,

@@ -7,15 +7,19 @@ what it wrote is read back with its own reader of the run's transaction log
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
 from tba.cli import main
 from tba.config import LoggingConfig
 from tba.errors import MissingDependency
+from tba.machine import cpu_model
 from tba.metrics import MetricsLogger, read_metrics
 
 pytest.importorskip("wandb")
@@ -235,6 +239,19 @@ def test_a_sync_run_logs_to_both(offline_wandb, tiny_checkpoint, tmp_path):
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
     assert [e.step for e in events.Tensors("eval/samples/text_summary")] == eval_steps
     assert of_type(records, "exit")[-1].get("exit_code", 0) == 0
+    # where it ran: beside the run, in its summary, in W&B's config and TensorBoard's text tab
+    environment = json.loads((run_dir / "environment.json").read_text())
+    assert json.loads((run_dir / "summary.json").read_text())["environment"] == environment
+    assert environment["python"] == platform.python_version() and environment["torch"] == torch.__version__
+    assert environment["transformers"] == transformers.__version__ and environment["cpu"] == cpu_model()
+    assert environment["cores"] >= 1 and isinstance(environment["gpus"], list) and "ray" in environment
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    if head.returncode == 0:  # a checkout: the commit the code ran from
+        assert environment["commit"].removesuffix("+dirty") == head.stdout.strip()
+    assert run["config"]["update"]["environment"]["torch"] == torch.__version__
+    (text,) = events.Tensors("environment/text_summary")
+    table = text.tensor_proto.string_val[0].decode()
+    assert f"| cpu | {cpu_model()} |" in table and f"| torch | {torch.__version__} |" in table
 
 
 def test_a_missing_package_stops_the_start_and_leaves_no_run_directory(tiny_checkpoint, monkeypatch, tmp_path, capsys):

@@ -8,8 +8,15 @@ loads like any other. It is built once per task setting and cached under ``$TBA_
 ``~/.cache/tba``); later runs reuse it.
 
 The warm start is supervised next-token training on ``problem=answer<eos>`` strings from the
-task's training split, stopped as soon as greedy accuracy on a validation sample of that split
-reaches ``target_accuracy`` (so the RL demo has room to improve, whatever the machine's speed).
+task's training split, stopped as soon as greedy accuracy on a validation sample of that split,
+averaged over the last ``smooth_checks`` checks, reaches ``target_accuracy`` (so the RL demo has
+room to improve, whatever the machine's speed). Single checks jump by 10 points between steps;
+stopping at the first one over the target made each CPU's float rounding pick another spike and
+another model, whose RL gain differed by 10-15 points.
+
+The default settings' models are shipped with the package (:data:`SHIPPED`), built by
+``python -m tba.demo`` (``make demo-models``) and checked by hash when loaded, so every machine
+starts the demo from the same weights; other settings are built on first use.
 """
 
 from __future__ import annotations
@@ -88,7 +95,7 @@ def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = DEFAULT_
     valid = task.sample_prompts(spec.validation_size, random.Random(spec.seed + 1))
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     eos = tokenizer.eos_token_id
-    acc, step, start = 0.0, 0, time.time()
+    checks, step, start = [], 0, time.time()
     model.train()
     for step in range(1, spec.max_steps + 1):
         batch = task.sample_prompts(spec.batch_size, rng)
@@ -96,15 +103,32 @@ def warm_start(model, tokenizer, task: ArithmeticTask, spec: TinySpec = DEFAULT_
         targets = [tokenizer(task.target(p), add_special_tokens=False)["input_ids"] + [eos] for p in batch]
         loss = supervised_step(model, opt, prompts, targets, tokenizer.pad_token_id)
         if step % spec.check_every == 0:
-            acc = greedy_accuracy(model, tokenizer, task, valid, task.max_answer_tokens + 1)
-            log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy {acc:.1%}")
-            if acc >= spec.target_accuracy:
+            checks.append(greedy_accuracy(model, tokenizer, task, valid, task.max_answer_tokens + 1))
+            log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy {checks[-1]:.1%}")
+            if reached(checks, spec):
                 break
-    return {"steps": step, "validation_accuracy": acc, "seconds": round(time.time() - start, 1)}
+    return warm_start_info(step, checks, spec, start)
+
+
+def reached(checks: list[float], spec: TinySpec) -> bool:
+    """Whether the mean of the last ``spec.smooth_checks`` validation accuracies reaches the target:
+    one lucky check is not enough to stop on."""
+    last = checks[-spec.smooth_checks :]
+    return len(last) == spec.smooth_checks and sum(last) / len(last) >= spec.target_accuracy
+
+
+def warm_start_info(step: int, checks: list[float], spec: TinySpec, start: float) -> dict:
+    last = checks[-spec.smooth_checks :] or [0.0]
+    return {
+        "steps": step,
+        "validation_accuracy": checks[-1] if checks else 0.0,
+        "validation_accuracy_smoothed": sum(last) / len(last),
+        "seconds": round(time.time() - start, 1),
+    }
 
 
 TOOL_MODEL = "builtin:tiny-tools"
-TOOL_SPEC = TinySpec(max_positions=96, lr=3e-4, check_every=5, target_accuracy=0.3, validation_size=128, version=1)
+TOOL_SPEC = TinySpec(max_positions=96, lr=3e-4, check_every=2, target_accuracy=0.3, validation_size=128, version=2)
 TOOL_TRAJECTORY_TOKENS = 48  # the tool demo's task.max_trajectory_tokens: a call, its answer, the final answer
 """The tool demo model: the demo's shape over :func:`build_tool_tokenizer`, warm-started on
 calculator traces until it solves 30% of validation problems with the tool."""
@@ -162,7 +186,7 @@ def warm_start_tools(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TO
     rng = random.Random(spec.seed)
     valid = task.sample_prompts(spec.validation_size, random.Random(spec.seed + 1))
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    acc, step, start = 0.0, 0, time.time()
+    checks, step, start = [], 0, time.time()
     for step in range(1, spec.max_steps + 1):
         model.train()
         traces = [tool_trace(tokenizer, p, tools) for p in task.sample_prompts(spec.batch_size, rng)]
@@ -170,22 +194,26 @@ def warm_start_tools(model, tokenizer, task: ArithmeticTask, spec: TinySpec = TO
         loss = supervised_step(model, opt, prompts, targets, tokenizer.pad_token_id, masks)
         if step % spec.check_every == 0:
             model.eval()
-            acc = tool_accuracy(model, tokenizer, task, valid, TOOLS)
+            checks.append(tool_accuracy(model, tokenizer, task, valid, TOOLS))
+            acc = checks[-1]
             log(f"warm start step {step}: loss {loss.item():.3f}, validation accuracy with the calculator {acc:.1%}")
-            if acc >= spec.target_accuracy:
+            if reached(checks, spec):
                 break
     model.eval()
-    return {"steps": step, "validation_accuracy": acc, "seconds": round(time.time() - start, 1)}
+    return warm_start_info(step, checks, spec, start)
 
 
-def ensure_tiny_tool_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = TOOL_SPEC, log=print) -> Path:
+def ensure_tiny_tool_model(
+    task_cfg, cache_dir: str | None = None, spec: TinySpec = TOOL_SPEC, log=print, use_shipped: bool = True
+) -> Path:
     """Path of the warm-started tool demo checkpoint (``builtin:tiny-tools``) for this arithmetic
-    setting; built on first use."""
+    setting: the shipped one (checked by hash), else built on first use and cached."""
     if task_cfg.name != "arithmetic":
         raise ValueError(f"{TOOL_MODEL} is warm-started on the arithmetic task, not {task_cfg.name!r}")
     path = tiny_model_path(task_cfg, cache_dir, spec, kind="tiny-tools")
     task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms)
-    return _cached(path, "tool demo model", spec, build_tool_tokenizer, warm_start_tools, task, log)
+    found = shipped(path.name) if use_shipped else None
+    return found or _cached(path, "tool demo model", spec, build_tool_tokenizer, warm_start_tools, task, log)
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
@@ -207,15 +235,51 @@ def tiny_model_path(
     return cache_root(cache_dir) / f"{kind}-{digest}"
 
 
-def ensure_tiny_model(task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, log=print) -> Path:
-    """Path of the warm-started demo checkpoint for this arithmetic setting; built on first use."""
+def ensure_tiny_model(
+    task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, log=print, use_shipped: bool = True
+) -> Path:
+    """Path of the warm-started demo checkpoint for this arithmetic setting: the shipped one (checked
+    by hash) for the settings the package ships, else built on first use and cached."""
     if task_cfg.name != "arithmetic":
         raise ValueError(f"builtin:tiny-arithmetic is warm-started on the arithmetic task, not {task_cfg.name!r}")
     path = tiny_model_path(task_cfg, cache_dir, spec)
     task = ArithmeticTask(
         task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms, task_cfg.show_work
     )
-    return _cached(path, "demo model", spec, build_char_tokenizer, warm_start, task, log)
+    found = shipped(path.name) if use_shipped else None
+    return found or _cached(path, "demo model", spec, build_char_tokenizer, warm_start, task, log)
+
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "demo_models"
+"""The warm-started models the package ships, one folder each, named as in the cache."""
+SHIPPED_INDEX = SHIPPED_DIR / "shipped.json"
+"""For each shipped folder: the sha256 of its ``model.safetensors``, the greedy accuracy it evaluates
+at on its task's held-out problems, and the machine that built it."""
+
+
+def shipped_index() -> dict:
+    return json.loads(SHIPPED_INDEX.read_text()) if SHIPPED_INDEX.is_file() else {}
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def shipped(name: str) -> Path | None:
+    """The shipped model folder called ``name`` (``tiny-arithmetic-<setting hash>``) after checking
+    its weights against their recorded hash; None if the package ships none of that name."""
+    entry = shipped_index().get(name)
+    if entry is None:
+        return None
+    path = SHIPPED_DIR / name
+    weights = path / "model.safetensors"
+    if not weights.is_file() or file_sha256(weights) != entry["sha256"]:
+        raise RuntimeError(
+            f"the shipped demo model {path} is missing or damaged (its weights do not match the sha256 "
+            f"{entry['sha256'][:12]}... recorded in {SHIPPED_INDEX.name}); reinstall tba, or rebuild the shipped "
+            "models with `make demo-models`"
+        )
+    return path
 
 
 def _cached(path: Path, what: str, spec: TinySpec, make_tokenizer, warm, task, log) -> Path:
@@ -239,3 +303,70 @@ def _cached(path: Path, what: str, spec: TinySpec, make_tokenizer, warm, task, l
     os.replace(tmp, path)  # atomic: a crash never leaves a cache entry that looks complete
     log(f"demo model ready: {info['parameters']:,} parameters, {info['steps']} warm-start steps")
     return path
+
+
+SHIPPED_SETTINGS = {"tiny-arithmetic": {}, "tiny-tools": {"digits": 3, "operators": "*"}}
+"""The arithmetic settings whose models the package ships: the demo's (``tba train``,
+``configs/custom_task.yaml``) and the tool demo's (``configs/tools.yaml``)."""
+
+
+def shipped_accuracy(kind: str, path: Path, task_cfg) -> float:
+    """Greedy accuracy of a demo model on its setting's held-out problems, as a run's first evaluation
+    measures it (``eval/accuracy`` at step 0, the default ``generation.max_new_tokens``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms)
+    with torch.no_grad():
+        if kind == "tiny-tools":
+            return tool_accuracy(model, tokenizer, task, task.eval_prompts(), TOOLS)
+        return greedy_accuracy(model, tokenizer, task, task.eval_prompts())
+
+
+def build_shipped(out: Path = SHIPPED_DIR, cache_dir: str | None = None, log=print) -> dict:
+    """Warm-start the shipped models afresh (or take them from ``cache_dir``, a cache that holds
+    builds of this code) and write them to ``out`` with their index (``shipped.json``)."""
+    from tba.config import ArithmeticTaskConfig
+    from tba.machine import describe_machine
+
+    out.mkdir(parents=True, exist_ok=True)
+    cache = cache_dir or tempfile.mkdtemp(prefix="tba-demo-models-")
+    index = {}
+    for kind, setting in SHIPPED_SETTINGS.items():
+        task_cfg = ArithmeticTaskConfig(**setting)
+        ensure = ensure_tiny_tool_model if kind == "tiny-tools" else ensure_tiny_model
+        built = ensure(task_cfg, cache, log=log, use_shipped=False)
+        target = out / built.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(built, target)
+        index[built.name] = {
+            "sha256": file_sha256(target / "model.safetensors"),
+            "eval_accuracy": shipped_accuracy(kind, target, task_cfg),
+            "warm_start": json.loads((target / "warm_start.json").read_text()),
+            "built_on": describe_machine(),
+        }
+        log(f"{kind}: {target.name}, greedy accuracy {index[built.name]['eval_accuracy']:.1%} on held-out problems")
+    for stale in out.iterdir():  # the folders of settings or recipes no longer shipped
+        if stale.is_dir() and stale.name not in index:
+            shutil.rmtree(stale)
+    (out / SHIPPED_INDEX.name).write_text(json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tba.demo",
+        description="Rebuild the demo models the package ships (src/tba/demo_models) and their hashes.",
+    )
+    parser.add_argument("--out", type=Path, default=SHIPPED_DIR, help="where to write them (default: the package's)")
+    parser.add_argument("--cache-dir", help="a model cache whose builds of this code to take instead of rebuilding")
+    args = parser.parse_args(argv)
+    build_shipped(args.out, args.cache_dir)
+
+
+if __name__ == "__main__":
+    main()

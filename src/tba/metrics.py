@@ -31,11 +31,14 @@ from typing import Any
 
 from tba.config import LoggingConfig
 from tba.errors import MissingDependency, UserError
+from tba.machine import describe_machine
 
 SAMPLES_KEY = "eval/samples"
 """Where the sinks show an evaluation's completions."""
 WANDB_STEP = "trainer/step"
 """The W&B metric that holds the trainer step: the x axis of all others."""
+ENVIRONMENT_KEY = "environment"
+"""Where TensorBoard shows the machine the run ran on (:func:`tba.machine.describe_machine`)."""
 
 
 def check_backends(logging: LoggingConfig) -> None:
@@ -72,7 +75,8 @@ class MetricsLogger:
     """Writes each record to ``<run>/metrics.jsonl`` and to the sinks that ``logging`` turns on.
 
     ``run_config`` is the resolved config (``cfg.model_dump(mode="json", by_alias=True)``), shown as
-    the W&B run's config. Call :meth:`close` on every exit path."""
+    the W&B run's config with the machine (:func:`tba.machine.describe_machine`) under
+    ``environment``; TensorBoard shows the machine as a table in its text tab. Call :meth:`close` on every exit path."""
 
     def __init__(
         self,
@@ -85,8 +89,13 @@ class MetricsLogger:
         check_backends(logging)  # before anything is written: a missing package leaves no trace
         run_dir = Path(run_dir)
         self.start = time.time() if start_time is None else start_time
-        self._wandb = _start_wandb(run_dir, logging, run_config or {}) if logging.wandb else None
+        environment = describe_machine()  # where the run ran, beside its config in W&B and TensorBoard
+        run_config = {**(run_config or {}), "environment": environment}
+        self._wandb = _start_wandb(run_dir, logging, run_config) if logging.wandb else None
         self._tb = _summary_writer_class()(str(run_dir / "tensorboard")) if logging.tensorboard else None
+        if self._tb is not None:
+            rows = [[key, value] for key, value in environment.items()]
+            self._tb.add_text(ENVIRONMENT_KEY, _markdown_table(["", "environment"], rows), 0)
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses nothing written
 

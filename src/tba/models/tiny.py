@@ -28,9 +28,10 @@ class TinySpec:
     max_steps: int = 3000
     check_every: int = 25
     target_accuracy: float = 0.3
+    smooth_checks: int = 3  # stop when the mean of this many last checks reaches target_accuracy
     validation_size: int = 256
     seed: int = 0
-    version: int = 4  # bump when the recipe changes so caches are rebuilt
+    version: int = 5  # bump when the recipe changes so caches are rebuilt
 
 
 DEFAULT_SPEC = TinySpec()

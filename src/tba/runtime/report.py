@@ -13,6 +13,7 @@ from rich.console import Console
 from tba.config import Config
 from tba.console import summary_table
 from tba.evaluation import Evaluator, write_samples
+from tba.machine import describe_machine
 from tba.metrics import MetricsLogger, read_metrics
 from tba.models.loading import resolve_dtype
 from tba.models.precision import compute_as
@@ -107,6 +108,7 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
         "runtime": cfg.runtime.type,
         "policy": c.policy_path,
         "task": cfg.task.name,
+        "environment": describe_machine(),
         **(extra or {}),
     }
     sampled_k = {k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith(("eval/pass@", "eval/maj@"))}

@@ -21,6 +21,7 @@ from tba.checkpoint import (
 )
 from tba.config import Config, dump_config
 from tba.errors import RunDirError
+from tba.machine import describe_machine, machine_line
 from tba.metrics import check_backends, read_metrics
 from tba.models.loading import resolve_device
 from tba.runtime.build import Components, check_models, prepare_task
@@ -141,7 +142,8 @@ def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
     run directory (a free name, or a checkpoint to resume), the packages of the logging backends
     that are on, the device, the task (dataset, prompt lengths, reward functions' dry run), the
     models (found, causal LMs; the demo model is built here on first use); then seed, create (or
-    reopen, on resume) the run directory, and write the resolved config. Returns the config with
+    reopen, on resume) the run directory, and write the resolved config and the machine
+    (``environment.json``: :func:`tba.machine.describe_machine`; a resume writes its own). Returns the config with
     local paths made absolute, the run directory, and the prepared task. Each check raises a
     :class:`tba.errors.UserError` that says what to fix."""
 
@@ -155,7 +157,9 @@ def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
     seed_everything(cfg.run.seed)
     run_dir = prepare_run_dir(cfg, run_dir)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "environment.json").write_text(json.dumps(describe_machine(), indent=2) + "\n")
     console.print(f"run directory: {run_dir}", highlight=False)
+    console.print(f"machine: {machine_line()}", highlight=False)
     return cfg, run_dir, prepared
 
 

