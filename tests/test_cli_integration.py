@@ -14,12 +14,16 @@ import pytest
 from tests.conftest import SMALL_DEMO_ARGS
 
 from tba.metrics import read_metrics
+from tba.models.tiny import DEFAULT_SPEC
 
 SMALL_DEMO = [
     *SMALL_DEMO_ARGS,
     "--eval.every=30",
     "--run.seed=0",
 ]
+# The sync runtime: one process, the same completions and steps on every run on one machine, so
+# whether it learns does not depend on how fast a searcher runs beside the trainer. The ray
+# runtime's runs (tests/test_ray_runtime.py) assert what they can guarantee: steps, accounting, files.
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +44,7 @@ def demo_run(tmp_path_factory, cache_dir):
     proc = tba(
         "train",
         *SMALL_DEMO,
+        "--runtime.type=sync",
         "--trainer.steps=120",
         f"--run.output_dir={out}",
         "--run.name=demo",
@@ -63,28 +68,28 @@ def test_cli_trains_and_reward_goes_up(demo_run):
         assert all(key in r for r in train), key
     evals = [r for r in records if r.get("eval/accuracy") is not None]
     assert [r["step"] for r in evals] == [0, 30, 60, 90, 120]
-    # the trainer process's peak resident memory (torch, the model, Ray's client): in GiB
+    # the process's peak resident memory (torch, the model, the searcher beside the trainer): in GiB
     peaks = [r["train/peak_memory_gb"] for r in train]
     assert all(0.1 < p < 8 for p in peaks) and summary["peak_memory_gb"] == pytest.approx(max(peaks), abs=1e-3)
-    # the reward of freshly sampled completions (measured over 3 seeds: about 0.4 → 0.6; on a loaded
-    # machine, where the searcher falls behind and the trainer replays more, 0.31 → 0.39 was seen): a
-    # rise of 0.05, which that run still showed
+    # the reward of freshly sampled completions, first 20 steps against the last 20: 0.60 -> 0.76 on
+    # an AMD EPYC (greedy accuracy 0.40 -> 0.80); another CPU builds another model of this setting
+    # and rounds differently, so the bound is half that rise
     first = sum(r["searcher/reward_mean"] for r in train[:20]) / 20
     last = sum(r["searcher/reward_mean"] for r in train[-20:]) / 20
-    assert last > first + 0.05, (first, last)
+    assert last > first + 0.08, (first, last)
     assert summary["searcher/reward_mean_last10"] > summary["searcher/reward_mean_first10"]
+    assert summary["eval/accuracy_final"] > summary["eval/accuracy_initial"]
     # the run directory a user reads
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "training.png").is_file()
     assert (run_dir / "checkpoints" / "step_120" / "model.safetensors").is_file()
     assert "eval accuracy" in proc.stderr and "before" in proc.stderr  # the closing table
-    assert "thread(s), jemalloc" in proc.stderr  # the driver re-executed itself under jemalloc
 
 
 def test_demo_model_is_cached(cache_dir):
     built = [p for p in cache_dir.iterdir() if p.name.startswith("tiny-arithmetic-")]
     assert len(built) == 1 and (built[0] / "warm_start.json").is_file()
     info = json.loads((built[0] / "warm_start.json").read_text())
-    assert info["parameters"] < 5_000_000 and info["validation_accuracy"] >= 0.4
+    assert info["parameters"] < 5_000_000 and info["validation_accuracy_smoothed"] >= DEFAULT_SPEC.target_accuracy
 
 
 def test_checkpoint_loads_with_from_pretrained(demo_run):
@@ -111,6 +116,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path, cache_dir):
     resumed = tba("train", *args, "--trainer.steps=20", "--run.resume=true", cache_dir=cache_dir, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "step 10" in resumed.stderr
+    assert "thread(s), jemalloc" in resumed.stderr  # the ray driver re-executed itself under jemalloc
     records = read_metrics(tmp_path / "r" / "metrics.jsonl")
     steps = [r["step"] for r in records if r.get("train/loss") is not None]
     assert steps == list(range(1, 21))
@@ -128,7 +134,13 @@ def test_bad_override_fails_fast_with_the_key(tmp_path, cache_dir):
 def test_sigterm_stops_a_sync_run_and_keeps_its_files(tmp_path, cache_dir):
     """What a scheduler sends (Slurm, Kubernetes): the run unwinds like Ctrl-C and exits 143."""
     env = {**os.environ, "TBA_CACHE": str(cache_dir), "TERM": "dumb"}
-    args = [*SMALL_DEMO, "--trainer.steps=100000", f"--run.output_dir={tmp_path}", "--run.name=t"]
+    args = [
+        *SMALL_DEMO,
+        "--runtime.type=sync",
+        "--trainer.steps=100000",
+        f"--run.output_dir={tmp_path}",
+        "--run.name=t",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tba", "train", *args], stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
     )
