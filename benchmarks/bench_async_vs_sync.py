@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from tba.machine import machine_line
+
 
 def run(out: Path, name: str, runtime: str, seed: int, extra: list[str]) -> dict:
     args = [
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-async-vs-sync"))
     args, extra = parser.parse_known_args()
+    print(f"machine: {machine_line()}", flush=True)
     if args.steps:
         extra.append(f"--trainer.steps={args.steps}")
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tba.buffer import ReplayBuffer  # noqa: E402
+from tba.machine import machine_line  # noqa: E402
 from tba.types import RolloutGroup  # noqa: E402
 
 GROUP_SIZE = 8
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    print(f"machine: {machine_line()}", flush=True)
     print(
         "| capacity (rollouts) | prompts | insert (rollouts/s) | sample(64, 8) median ms | p95 ms "
         "| recent fraction | with 64 new groups per call: median ms | p95 ms | peak RSS MiB |"

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from tba.machine import describe_machine, machine_line
+
 
 def build_model(a: argparse.Namespace, path: Path) -> None:
     """A random Llama with the demo's character tokenizer widened to ``--vocab`` ids, saved to ``path``."""
@@ -232,6 +234,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(measure(a.one[0], a.one[1], a)))
         return
+    print(f"machine: {machine_line()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         build_model(a, Path(tmp))
         backends = ("hf", "vllm-lora-merged", "vllm-lora-native") if a.lora else ("hf", "vllm")
@@ -253,6 +256,7 @@ def main() -> None:
     result = {
         "command": shlex.join([".venv/bin/python", "benchmarks/bench_generation.py", *sys.argv[1:]]),
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.machine(), "torch": torch.__version__},
+        "environment": describe_machine(),
         "settings": {k: str(v) for k, v in vars(a).items()},
         "rows": rows,
     }

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from tba.machine import describe_machine, machine_line
+
 SHAPES = {
     # Qwen2.5-0.5B's decoder with random weights
     "0.5b": dict(
@@ -257,6 +259,7 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="appended to the run names (runs with --extra overrides)")
     args, args.extra = parser.parse_known_args()  # anything else goes to every run: --trainer.sync_interval=4
     start = time.time()
+    print(f"machine: {machine_line()}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.time()
@@ -266,7 +269,7 @@ def main() -> None:
         return
     if args.publish:
         rows = publish_breakdown(args.out / "model", args.device, args.publish)
-        (args.out / "publish.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "publish.json").write_text(json.dumps({"environment": describe_machine(), "rows": rows}, indent=1))
         keys = [k for k in rows[0] if k.endswith("_s")]
         print("| " + " | ".join(keys) + " | MB in the state dict | MB sent |")
         print("|" + "---:|" * (len(keys) + 2))
@@ -293,7 +296,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - the figures matter more than the label
         info["device_name"] = f"unknown ({e})"
     (args.out / f"results-{'-'.join(args.precisions)}.json").write_text(
-        json.dumps({"info": info, "runs": results}, indent=1)
+        json.dumps({"info": info, "environment": describe_machine(), "runs": results}, indent=1)
     )
     print()
     print(

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from tba.machine import describe_machine, machine_line
 from tba.metrics import read_metrics
 
 OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
@@ -111,6 +112,8 @@ def main() -> None:
     p.add_argument("--objective", choices=list(OBJECTIVES), default="tb", help="the objective's setting")
     p.add_argument("--machines", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     a = p.parse_args()
+    environment = describe_machine()
+    print(f"machine: {machine_line(environment)}", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     if not (a.out / ".gitignore").exists():
         (a.out / ".gitignore").write_text("# run directories of bench_load.py: only results.json is kept\n*/\n")
@@ -125,7 +128,8 @@ def main() -> None:
                 shutil.rmtree(a.out / name, ignore_errors=True)  # an unfinished earlier attempt
                 row = run(a.out, name, seed, loaded, bounds, a.steps, a.objective)
                 done.append(row)
-                results_path.write_text(json.dumps({"command": " ".join(sys.argv), "runs": done}, indent=2) + "\n")
+                result = {"command": " ".join(sys.argv), "environment": environment, "runs": done}
+                results_path.write_text(json.dumps(result, indent=2) + "\n")
                 print(f"{name}: {row['accuracy_final']:.1%} in {row['wall_s']:.0f} s, replay {row['replay_ratio']:.2f}")
     print(table(done))
 

@@ -28,6 +28,7 @@ from transformers.utils import logging as hf_logging
 
 from tba.config import ArithmeticTaskConfig, LoraConfig
 from tba.demo import ensure_tiny_model
+from tba.machine import machine_line
 from tba.models.lora import add_adapter, copy_sharing_frozen, load_published_state, published_state
 from tba.weights import LocalWeightStore
 
@@ -121,6 +122,7 @@ def main() -> None:
     parser.add_argument("--no-large", action="store_true", help="skip the ~110M Llama")
     parser.add_argument("--cache-dir", default=None, help="demo model cache (default $TBA_CACHE or ~/.cache/tba)")
     args = parser.parse_args()
+    print(f"machine: {machine_line()}", flush=True)
 
     models: list[tuple[str, str | LlamaConfig]] = [
         ("demo", str(ensure_tiny_model(ArithmeticTaskConfig(), args.cache_dir, log=print)))

@@ -58,6 +58,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import tba.trainer
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
+from tba.machine import describe_machine, machine_line
 from tba.models.logprobs import full_logits_token_logprobs
 from tba.models.precision import PeakMemory, Precision, cpu_peak_rss_bytes, cpu_rss_bytes
 from tba.runtime.policy import enable_gradient_checkpointing
@@ -318,6 +319,7 @@ def main() -> None:
         print(json.dumps(measure(int(vocab), int(length), variant, a)))
         return
     variants = [v for v in VARIANTS if not a.no_bf16 or VARIANTS[v][3] == "fp32"]
+    print(f"machine: {machine_line()}", flush=True)
     print(
         f"batch: {a.groups} groups x {a.group_size} completions, prompt {a.prompt_len} tokens; "
         f"{a.threads} torch threads; {a.repeats} timed step(s) per row; each row in a fresh process",
@@ -349,7 +351,13 @@ def main() -> None:
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         command = shlex.join([".venv/bin/python", "benchmarks/bench_memory.py", *sys.argv[1:]])
-        result = {"command": command, "machine": machine(), "settings": vars(a) | {"out": str(a.out)}, "rows": rows}
+        result = {
+            "command": command,
+            "machine": machine(),
+            "environment": describe_machine(),
+            "settings": vars(a) | {"out": str(a.out)},
+            "rows": rows,
+        }
         (a.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {a.out / 'results.json'}")
 

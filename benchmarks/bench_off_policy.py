@@ -56,11 +56,11 @@ on-policy; the first D steps see the initial weights). Parts:
 Finished runs are kept (``summary.json`` in the run directory under ``--runs``,
 ``runs/bench-off-policy``) and not run again, so a part can be stopped and resumed, and parts can
 run in separate sessions. Each part's results go to ``--out``/PART/results.json
-(``benchmarks/results/off_policy``, kept in the repository), updated after every run and merged
-with earlier invocations (``main --seeds 0``, then ``main --seeds 1 2``: one table); ``report``
-prints markdown tables from them and writes ``sweep.png``, ``staleness_main.png`` /
-``staleness_hard.png`` (accuracy against D) and ``curves_main.png`` / ``curves_hard.png``
-(accuracy against the step, clipping off) there.
+(``benchmarks/results/off_policy``, kept in the repository; the machine in ``environment.json``
+beside it), updated after every run and merged with earlier invocations (``main --seeds 0``, then
+``main --seeds 1 2``: one table); ``report`` prints markdown tables from them and writes
+``sweep.png``, ``staleness_main.png`` / ``staleness_hard.png`` (accuracy against D) and
+``curves_main.png`` / ``curves_hard.png`` (accuracy against the step, clipping off) there.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from tba.machine import describe_machine, machine_line
 
 OBJECTIVES = ["tb", "rloo", "rloo_proximal", "ppo", "grpo", "dr_grpo", "online_dpo"]
 HARD = ["--task.digits=3"]
@@ -307,11 +309,13 @@ def best_lrs(out: Path) -> dict[tuple[str, str], float]:
 
 
 def run_part(a) -> None:
+    print(f"machine: {machine_line()}", flush=True)
     jobs = grid(a)
     extra = [f"--run.threads={max(1, (os.cpu_count() or 1) // a.jobs)}"] if a.jobs > 1 else []
     build_models(a.part)
     path = a.out / a.part / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / "environment.json").write_text(json.dumps(describe_machine(), indent=2))
     # earlier invocations' results (other seeds, other objectives) stay; a run again replaces its own
     results = {r["name"]: r for r in (json.loads(path.read_text()) if path.is_file() else [])}
     start = time.time()

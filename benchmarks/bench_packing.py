@@ -57,6 +57,7 @@ from bench_memory import timed_steps  # benchmarks/ is on the path of a script r
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
+from tba.machine import describe_machine, machine_line
 from tba.models.precision import Precision
 from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama
 from tba.trainer import Trainer
@@ -271,6 +272,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(measure(*a.one, a)))
         return
+    print(f"machine: {machine_line()}", flush=True)
     print(
         f"batch: {a.groups} groups x {a.group_size} completions; micro_batch_tokens={a.budget}; {a.threads} torch "
         f"threads; {a.repeats} timed step(s) per process, {a.rounds} round(s); each mode in a fresh process",
@@ -304,7 +306,9 @@ def main() -> None:
             "row": a.row,
             "argv": sys.argv[1:],
         }
-        (a.out / "results.json").write_text(json.dumps({"machine": meta, "rows": rows}, indent=1))
+        (a.out / "results.json").write_text(
+            json.dumps({"machine": meta, "environment": describe_machine(), "rows": rows}, indent=1)
+        )
         print(f"results: {a.out / 'results.json'}")
 
 

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tba.config import load_config  # noqa: E402
+from tba.machine import describe_machine, machine_line  # noqa: E402
 from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama  # noqa: E402
 from tba.runtime.ranks import RankGroup  # noqa: E402
 from tba.types import Batch, Rollout  # noqa: E402
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ranks"))
     args = parser.parse_args()
+    print(f"machine: {machine_line()}", flush=True)
     tokenizer = build_char_tokenizer()
     spec = TinySpec(
         hidden_size=args.hidden, layers=args.layers, heads=8, intermediate_size=args.hidden * 3, max_positions=64
@@ -159,6 +161,7 @@ def main() -> None:
                 "layers": args.layers,
                 "steps": args.steps,
                 "cpus": os.cpu_count(),
+                "environment": describe_machine(),
                 "rows": rows,
                 "step_ratio": ratio_t,
                 "step_ratio_same_threads": ratio_w,

@@ -18,8 +18,9 @@ latest batch) averaged over the first and the last 10 steps; the greedy evaluati
 steps; mean lag; the replay ratio; wall-clock. ``report`` prints one markdown row per config
 (mean ± std over seeds) and writes the curves (sampled reward and greedy evaluation against the
 step, mean over seeds) to ``--out``/curves.png (``curves_<N>steps.png`` with ``--steps N``);
-results accumulate in ``--out``/results.json. ``--extra`` adds overrides to every run (on a GPU:
-``--extra=--run.device=cuda``; ``benchmarks/gpu_real_model.sh`` runs the study there).
+results accumulate in ``--out``/results.json (the machine in ``environment.json`` beside it).
+``--extra`` adds overrides to every run (on a GPU: ``--extra=--run.device=cuda``;
+``benchmarks/gpu_real_model.sh`` runs the study there).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from tba.machine import describe_machine, machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = ROOT / "benchmarks" / "word_problems"
@@ -147,9 +150,11 @@ def load(out: Path) -> list[dict]:
 def save(out: Path, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "environment.json").write_text(json.dumps(describe_machine(), indent=2))
 
 
 def run(a) -> None:
+    print(f"machine: {machine_line()}", flush=True)
     model = model_folder()
     if not (TASK / "problems.jsonl").is_file():
         subprocess.run([sys.executable, str(TASK / "make_problems.py")], check=True, cwd=ROOT)

@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from tba.machine import describe_machine, machine_line
+
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("eval/attack_success_rate", "eval/diversity", "eval/toxicity_mean")
 
@@ -121,6 +123,7 @@ def main() -> None:
     if len(steps) not in (1, len(a.searchers)):
         parser.error(f"--steps takes one value or one per searcher count ({len(a.searchers)}), got {len(steps)}")
     steps = steps * len(a.searchers) if len(steps) == 1 else steps
+    print(f"machine: {machine_line()}", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     extra = [*smoke_overrides(a.out), "--trainer.steps=20"] if a.smoke else []
     extra += a.overrides
@@ -129,7 +132,9 @@ def main() -> None:
         print(f"training with {n} searcher(s)...", flush=True)
         results.append(run(a.config, a.out, n, s, extra))
     print(table(results))
-    (a.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (a.out / "results.json").write_text(
+        json.dumps({"environment": describe_machine(), "runs": results}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

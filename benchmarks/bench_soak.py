@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from tba.machine import describe_machine, machine_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the samples here")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for the run")
     a = parser.parse_args()
+    print(f"machine: {machine_line()}", flush=True)
     out = Path(tempfile.mkdtemp(prefix="tba-soak-"))
     cmd = [
         sys.executable,
@@ -169,7 +172,7 @@ def main() -> None:
         )
     print(f"\nall within {a.tolerance:.0%} of minute {a.reference:g}: {'yes' if flat_all else 'no'}")
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=2))
+        a.json.write_text(json.dumps({"environment": describe_machine(), "samples": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 import torch
 
 from tba.config import load_config
+from tba.machine import machine_line
 from tba.runtime.build import build_components
 
 
@@ -26,6 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     args, overrides = parser.parse_known_args()
+    print(f"machine: {machine_line()}", flush=True)
     cfg = load_config(None, ["--runtime.type=sync", *overrides])
     c = build_components(cfg, log=lambda msg: None)
     c.trainer.publish()

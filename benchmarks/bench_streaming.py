@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from tba.machine import describe_machine, machine_line
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -131,6 +133,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "streaming")
     a = p.parse_args()
+    print(f"machine: {machine_line()}", flush=True)
 
     import tempfile
 
@@ -185,7 +188,10 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     engine = f"-{a.hf_stream}" if a.backend == "hf" else ""
     name = f"{a.backend}{engine}-{Path(a.model).name}-{a.device}-slots{a.slots}-k{a.group_size}.json"
-    (a.out / name).write_text(json.dumps({"setup": setup, "results": results, "ratio": ratio}, indent=1) + "\n")
+    (a.out / name).write_text(
+        json.dumps({"setup": setup, "environment": describe_machine(), "results": results, "ratio": ratio}, indent=1)
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

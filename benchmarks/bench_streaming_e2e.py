@@ -11,8 +11,9 @@ continuous batching (``generation.hf_stream: continuous``). Tasks: ``demo`` (the
 of about 28 tokens, up to 40). Kept per run, in ``<out>/<task>-<mode>-s<seed>.json``: greedy
 accuracy before and after, wall-clock of the whole run and of the training loop, the trainer's
 busy fraction and its wait for data, and the searcher's completions and tokens per second, engine
-busy fraction, group latency p50 / p95 (stream), versions per group. A run already kept is not
-run again: the study resumes. Run it alone on the machine (the ray runtime splits the cores).
+busy fraction, group latency p50 / p95 (stream), versions per group, and the machine. A run
+already kept is not run again: the study resumes. Run it alone on the machine (the ray runtime
+splits the cores).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tba.machine import describe_machine, machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = {
@@ -76,7 +79,7 @@ def run(out: Path, task: str, mode: str, seed: int, steps: int | None, extra: li
         **{k.split("/")[1]: last.get(k) for k in SEARCHER_KEYS},
     }
     out.mkdir(parents=True, exist_ok=True)
-    kept.write_text(json.dumps(row, indent=1) + "\n")
+    kept.write_text(json.dumps(row | {"environment": describe_machine()}, indent=1) + "\n")
     return row
 
 
@@ -121,6 +124,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "streaming" / "e2e")
     a = p.parse_args()
     if a.what == "run":
+        print(f"machine: {machine_line()}", flush=True)
         for task in a.tasks:
             for seed in a.seeds:
                 for mode in ("batch", "stream"):

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tba.machine import describe_machine, machine_line
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -190,10 +192,11 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    print(f"machine: {machine_line()}", flush=True)
     print(f"searcher batch parts as shares of its time ({args.shape} models, one thread, {args.batches} batches)")
     results = [bench_task(t, args.shape, args.batches, args.overrides) for t in args.tasks]
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({"environment": describe_machine(), "tasks": results}, indent=2))
 
 
 if __name__ == "__main__":

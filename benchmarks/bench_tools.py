@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from tba.machine import describe_machine, machine_line
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tools.yaml"
 SLOW = "--task.tools=[tba.tasks.slow_tools:calculator]"
 
@@ -91,6 +93,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tools"))
     args = parser.parse_args()
+    print(f"machine: {machine_line()}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = args.out / "runs"
     path = args.out / "results.json"
@@ -111,7 +114,7 @@ def main() -> None:
             run["after_without_tool"] = accuracy(str(runs / run["name"]), "--task.tools=[]")
             print(json.dumps(run))
             rows.append(run)
-        results["accuracy"] = {"before": before, "runs": rows}
+        results["accuracy"] = {"before": before, "runs": rows, "environment": describe_machine()}
     if args.part in ("slow-tool", "both"):
         rows = []
         slow = [SLOW, f"--eval.every={args.slow_steps}", "--eval.limit=32"]
@@ -127,7 +130,7 @@ def main() -> None:
                 run.update(searchers=searchers, workers=workers, ratio=round(base["wall_s"] / run["wall_s"], 2))
                 print(json.dumps(run))
                 rows.append(run)
-        results["slow_tool"] = {"runs": rows}
+        results["slow_tool"] = {"runs": rows, "environment": describe_machine()}
     path.write_text(json.dumps(results, indent=2))
     (args.out / "results.md").write_text(markdown(results))
     print(markdown(results))

@@ -21,6 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from tba.machine import machine_line
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gguf", type=Path, default=None, help=f"{GGUF_NAME} itself (default: the installed package's)"
     )
     args = parser.parse_args(argv)
+    print(f"machine: {machine_line()}", flush=True)
     path = ensure_smollm2(args.dest, gguf=args.gguf)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
