@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,6 +272,35 @@ def files_under(path: Path) -> list[Path]:
     return sorted(path.rglob("*"))
 
 
+def refuse_to_run(monkeypatch) -> None:
+    """Whatever would start the run fails the test: the Ray runtime (its cluster and searcher
+    actors), generation (the starting weights' evaluation, a searcher's step) and training (a
+    trainer's step). A case that passes reported its bad input before any of it, however long the
+    checks took."""
+    import tba.runtime.async_loop
+    import tba.runtime.sync_loop
+    from tba.searcher import Searcher, StreamingSearcher
+    from tba.trainer import Trainer
+
+    def refused(what: str):
+        def started(*args, **kwargs):
+            raise AssertionError(f"{what} started: the bad input was not reported up front")
+
+        return started
+
+    for owner, name, what in [
+        (tba.runtime.async_loop, "ray_session", "the Ray runtime"),
+        (tba.runtime.sync_loop, "ray_session", "the Ray runtime"),
+        (tba.runtime.async_loop, "evaluate_policy", "the starting weights' evaluation"),
+        (tba.runtime.sync_loop, "evaluate_policy", "the starting weights' evaluation"),
+        (Searcher, "step", "generation"),
+        (StreamingSearcher, "step", "generation"),
+        (Trainer, "step", "training"),
+        (Trainer, "skip", "training"),
+    ]:
+        monkeypatch.setattr(owner, name, refused(what))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_fails_up_front_in_one_line(case: Case, world, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -283,9 +311,8 @@ def test_bad_input_fails_up_front_in_one_line(case: Case, world, tmp_path, monke
         make_run_dir(runs / "r", case.before)
     before = files_under(runs)
     args = [a.format(**world) for a in case.args]
-    start = time.perf_counter()
+    refuse_to_run(monkeypatch)  # so the failure must come first: no clock decides "up front"
     status = main(["train", f"--run.output_dir={runs}", f"--model.cache_dir={world['cache']}", *args])
-    elapsed = time.perf_counter() - start
     err = capsys.readouterr().err
     assert status == 2, err
     assert "Traceback" not in err
@@ -294,7 +321,6 @@ def test_bad_input_fails_up_front_in_one_line(case: Case, world, tmp_path, monke
     for words in case.says:
         assert words in message, f"{words!r} not in {message!r}"
     assert files_under(runs) == before, "a failed start must leave the run directories as they were"
-    assert elapsed < 10
 
 
 def test_a_failed_start_does_not_block_its_run_name(tmp_path):

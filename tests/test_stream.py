@@ -4,6 +4,7 @@ run in their own process (``tests/vllm_checks.py --stream``, from ``tests/test_v
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -118,12 +119,16 @@ def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(
 
     torch.manual_seed(0)
     weights = LocalWeightStore()
-    searcher = _streaming_searcher(tiny_model, tokenizer, weights)
+    # one scoring thread: groups are scored, so sent, in the order they left the engine (all of
+    # version 0 before any of version 2), whatever the threads' speed
+    searcher = _streaming_searcher(tiny_model, tokenizer, weights, reward_workers=1)
     with pytest.raises(RuntimeError, match="publish"):
         searcher.step()
     weights.publish(tiny_model.state_dict(), 0)
     seen, floors = [], []
-    for i in range(6):
+    # at most 10 prompts in flight when version 2 is published (12 at most, 2 just sent), each step
+    # sends at least 2: after 5 more steps every group generated with version 0 is sent or dropped
+    for i in range(9):
         if i == 3:
             weights.publish(tiny_model.state_dict(), 2)  # picked up between two refills
         groups = searcher.step()
@@ -176,9 +181,17 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
 
 class _NumberedTask:
     """The arithmetic task with each prompt taken numbered (``n<i>:`` in its id), and a reward that
-    sleeps ``slow_s`` on every third prompt (``hang`` prompts: far longer)."""
+    holds every third prompt until ``release`` is set (``held``: when each call began to wait), and
+    the ``hang`` prompts until ``unhang`` is set (``hung``: their threads), after calling ``on_hang``.
+    No clock ends a wait: the test sets the events (the 60 s are a guard against a stuck test only)."""
 
-    def __new__(cls, slow_s: float, hang: set[int] = frozenset()):
+    def __new__(
+        cls,
+        release: threading.Event | None = None,
+        hang: set[int] = frozenset(),
+        unhang: threading.Event | None = None,
+        on_hang=lambda: None,
+    ):
         import dataclasses
         import time
 
@@ -195,45 +208,36 @@ class _NumberedTask:
             def rewards(self, prompts, completions, completion_ids, stats):
                 numbers = {int(p.id[1:].split(":")[0]) for p in prompts}
                 if numbers & set(hang):
-                    time.sleep(30)
-                elif any(i % 3 == 0 for i in numbers):
-                    time.sleep(slow_s)
+                    self.hung.append(threading.current_thread())
+                    on_hang()
+                    if not unhang.wait(60):
+                        raise AssertionError(f"the reward call of {sorted(numbers)} was waited for")
+                elif release is not None and any(i % 3 == 0 for i in numbers):
+                    self.held.update(dict.fromkeys(numbers, time.perf_counter()))
+                    if not release.wait(60):
+                        raise AssertionError(f"prompts {sorted(numbers)} held for good: the test never released them")
                 return super().rewards(prompts, completions, completion_ids, stats)
 
         task = Numbered(digits=1, operators="+-", eval_size=10)
-        task.taken = 0
+        task.taken, task.held, task.hung = 0, {}, []
         return task
 
 
+class _PoolClock:
+    """``time`` for :mod:`tba.scoring`: a clock that stands still until the test moves it, so a
+    call is given up because the test moved it past the call's deadline, and never because a
+    thread ran slowly (a busy machine)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 def test_streaming_searcher_sends_groups_as_they_are_scored_none_lost_or_twice(tiny_model, tokenizer):
-    """A reward that sleeps on every third prompt: the groups behind it are sent first; every prompt
-    taken is sent once, dropped, or in flight."""
-    from tba.weights import LocalWeightStore
-
-    torch.manual_seed(0)
-    weights = LocalWeightStore()
-    weights.publish(tiny_model.state_dict(), 0)
-    task = _NumberedTask(slow_s=0.6)
-    searcher = _streaming_searcher(tiny_model, tokenizer, weights, task=task, refill=1, min_out=1, reward_workers=3)
-    sent = []
-    for _ in range(10):
-        sent += [int(g.prompt_id[1:].split(":")[0]) for g in searcher.step()]
-        m = searcher.metrics()
-        assert m["searcher/prompts_taken"] == task.taken
-        assert task.taken == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
-    assert len(sent) == len(set(sent)) == searcher.groups_sent  # none twice
-    assert sent != sorted(sent)  # out of order: fast groups overtook the slow ones
-    overtaken = [i for i in sent if i % 3 == 0 and any(j > i for j in sent[: sent.index(i)])]
-    assert overtaken, f"no slow group was overtaken: {sent}"
-    assert m["searcher/group_latency_p95_s"] >= 0.6  # a slow group waited for its reward at least that long
-    assert 0 < m["searcher/group_latency_p50_s"] <= m["searcher/group_latency_p95_s"]
-    assert 0 < m["searcher/engine_busy"] <= 1
-    searcher.close()
-    after = searcher.metrics()  # what was in flight at shutdown stays counted
-    assert after["searcher/in_flight"] == m["searcher/in_flight"] > 0
-
-
-def test_streaming_searcher_gives_up_a_hanging_reward_and_goes_on(tiny_model, tokenizer):
+    """A reward that holds every third prompt until two other groups were sent: the groups behind it
+    are sent first; every prompt taken is sent once, dropped, or in flight."""
     import time
 
     from tba.weights import LocalWeightStore
@@ -241,19 +245,71 @@ def test_streaming_searcher_gives_up_a_hanging_reward_and_goes_on(tiny_model, to
     torch.manual_seed(0)
     weights = LocalWeightStore()
     weights.publish(tiny_model.state_dict(), 0)
-    task = _NumberedTask(slow_s=0.0, hang={1})
-    searcher = _streaming_searcher(
-        tiny_model, tokenizer, weights, task=task, refill=1, min_out=1, reward_workers=1, reward_timeout=0.5
-    )
-    start, sent = time.perf_counter(), []
-    while len(sent) < 8:
-        sent += [int(g.prompt_id[1:].split(":")[0]) for g in searcher.step()]
-    m = searcher.metrics()
-    assert time.perf_counter() - start < 20  # not held by the 30 s call
-    assert 1 not in sent and m["searcher/reward_timeouts"] == 4  # prompt 1's four samples, dropped
-    assert searcher.pool.timed_out == 1
-    assert task.taken == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+    release = threading.Event()
+    task = _NumberedTask(release=release)
+    searcher = _streaming_searcher(tiny_model, tokenizer, weights, task=task, refill=1, min_out=1, reward_workers=3)
+    sent, released_at = [], None
+    try:
+        for _ in range(10):
+            sent += [int(g.prompt_id[1:].split(":")[0]) for g in searcher.step()]
+            if released_at is None and sum(i % 3 != 0 for i in sent) >= 2:
+                released_at = time.perf_counter()
+                release.set()  # the held groups go on only now, after two fast ones were sent
+            m = searcher.metrics()
+            assert m["searcher/prompts_taken"] == task.taken
+            assert task.taken == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+    finally:
+        release.set()
+    assert released_at is not None and 0 in task.held, (sent, sorted(task.held))
+    assert len(sent) == len(set(sent)) == searcher.groups_sent  # none twice
+    assert sent != sorted(sent)  # out of order: fast groups overtook the slow ones
+    overtaken = [i for i in sent if i % 3 == 0 and any(j > i for j in sent[: sent.index(i)])]
+    assert 0 in overtaken, f"the first, held group was not overtaken: {sent}"
+    # its latency (taken → sent) covers the time it was held: taken before its reward call began
+    # to wait, sent after the release
+    assert searcher.latencies[sent.index(0)] >= released_at - task.held[0]
+    assert 0 < m["searcher/group_latency_p50_s"] <= m["searcher/group_latency_p95_s"]
+    assert 0 < m["searcher/engine_busy"] <= 1
     searcher.close()
+    after = searcher.metrics()  # what was in flight at shutdown stays counted
+    assert after["searcher/in_flight"] == m["searcher/in_flight"] > 0
+
+
+def test_streaming_searcher_gives_up_a_hanging_reward_and_goes_on(tiny_model, tokenizer, monkeypatch):
+    """Prompt 1's reward call never returns (until the test ends); the pool's clock stands still but
+    for the test moving it past that call's deadline once the call began, so no other call (all
+    quick) ever reaches its deadline, however slowly its thread runs."""
+    from tba.weights import LocalWeightStore
+
+    clock = _PoolClock()
+    monkeypatch.setattr("tba.scoring.time", clock)
+    torch.manual_seed(0)
+    weights = LocalWeightStore()
+    weights.publish(tiny_model.state_dict(), 0)
+    unhang = threading.Event()
+    timeout = 5.0
+
+    def past_its_deadline():  # on the call's own thread, after the pool noted its start
+        clock.now += timeout
+
+    task = _NumberedTask(hang={1}, unhang=unhang, on_hang=past_its_deadline)
+    searcher = _streaming_searcher(
+        tiny_model, tokenizer, weights, task=task, refill=1, min_out=1, reward_workers=1, reward_timeout=timeout
+    )
+    sent = []
+    try:
+        while len(sent) < 8:
+            sent += [int(g.prompt_id[1:].split(":")[0]) for g in searcher.step()]
+        m = searcher.metrics()
+        # not held by the call: eight groups came through while it still hangs
+        assert len(task.hung) == 1 and task.hung[0].is_alive() and not unhang.is_set()
+        assert 1 not in sent and m["searcher/reward_timeouts"] == 4  # prompt 1's four samples, dropped
+        assert searcher.pool.timed_out == 1
+        assert task.taken == m["searcher/groups_sent"] + m["searcher/dropped_groups"] + m["searcher/in_flight"]
+        searcher.close()
+    finally:
+        unhang.set()  # the hung call returns; its result is ignored
+    task.hung[0].join(60)
 
 
 def test_streaming_searcher_reference_thread_computes_the_same_log_probs(tiny_model, tokenizer):
@@ -278,28 +334,44 @@ def test_streaming_searcher_reference_thread_computes_the_same_log_probs(tiny_mo
     searcher.close()
 
 
-def test_scoring_pool_returns_results_gives_up_at_deadlines_and_raises_call_errors():
+def test_scoring_pool_returns_results_gives_up_at_deadlines_and_raises_call_errors(monkeypatch):
     import time
 
     from tba.scoring import ScoringPool
 
+    clock = _PoolClock()  # the pool's clock: moves only when the test moves it
+    monkeypatch.setattr("tba.scoring.time", clock)
+    started, unhang = threading.Event(), threading.Event()
+
+    def hang():
+        started.set()
+        unhang.wait(60)  # set at the test's end (60 s: a guard against a stuck test only)
+        return "late"
+
     pool = ScoringPool(workers=1, timeout=0.3)
-    pool.submit("hang", time.sleep, 3)
-    pool.submit("queued", lambda: 7)  # behind the hung call on the only worker
-    done, expired = [], []
-    deadline = time.monotonic() + 5
-    while pool.pending() and time.monotonic() < deadline:
-        d, e = pool.collect(wait_s=0.1)
-        done += d
-        expired += e
-    assert expired == ["hang"] and done == [("queued", 7)] and pool.timed_out == 1  # the queued call moved on
-    pool.submit("bad", lambda: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        while True:
-            pool.collect(wait_s=0.1)
-    with pytest.raises(ValueError, match="worker"):
-        ScoringPool(workers=0)
-    pool.close()
+    try:
+        pool.submit("hang", hang)
+        pool.submit("queued", lambda: 7)  # behind the hung call on the only worker
+        assert started.wait(60)
+        assert pool.collect() == ([], [])  # running, not past its deadline: waited for
+        clock.now += 0.3  # the hung call's deadline
+        done, expired = pool.collect()
+        assert (done, expired, pool.timed_out) == ([], ["hang"], 1)
+        guard = time.monotonic() + 60  # the real clock, against a stuck test only
+        while pool.pending() and time.monotonic() < guard:
+            d, e = pool.collect(wait_s=0.1)
+            done += d
+            expired += e
+        assert expired == ["hang"] and done == [("queued", 7)] and pool.timed_out == 1  # the queued call moved on
+        pool.submit("bad", lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            for _ in range(600):  # (a guard against a stuck test only)
+                pool.collect(wait_s=0.1)
+        with pytest.raises(ValueError, match="worker"):
+            ScoringPool(workers=0)
+        pool.close()
+    finally:
+        unhang.set()
 
 
 # ---------------------------------------------------------------- transformers' continuous batching

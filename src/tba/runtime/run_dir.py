@@ -106,13 +106,18 @@ def prepare_run_dir(cfg: Config, run_dir: Path | None = None) -> Path:
     return run_dir
 
 
+START_FILES = ("config.yaml", "environment.json")
+"""What :func:`open_run` writes before anything else: the resolved config and the machine."""
+
+
 def unstarted(run_dir: Path, step_zero: bool = False) -> bool:
-    """The directory holds nothing a run wrote but ``config.yaml`` (and empty files or folders):
+    """The directory holds nothing a run wrote but what a start writes first (:data:`START_FILES`,
+    and empty files or folders):
     the trace of a start that failed before training, which does not block reusing the name. With
     ``step_zero`` the records of the evaluation at step 0 (of the starting weights) count as
     nothing too: what a start that failed while its searchers started leaves in the ray runtime."""
     for path in run_dir.rglob("*"):
-        if not path.is_file() or path.name == "config.yaml" or path.stat().st_size == 0:
+        if not path.is_file() or path.name in START_FILES or path.stat().st_size == 0:
             continue
         if step_zero and path.parent == run_dir and path.name in ("metrics.jsonl", "samples.jsonl"):
             if _step_zero_only(path):
