@@ -10,7 +10,7 @@ searcher runs ahead of the trainer): their spread is part of the figure.
     python benchmarks/bench_headline.py demo --runtimes sync # one figure, one runtime
 
 Figures: ``demo`` (``tba train``, 600 steps, both runtimes), ``example`` (``configs/custom_task.yaml``,
-the sync runtime it sets), ``tools`` (``configs/tools.yaml``, the ray runtime it sets). Results go to
+the sync runtime it sets), ``tools`` (``configs/tools.yaml``, both runtimes). Results go to
 ``benchmarks/results/headline/results.json`` after each run (a rerun skips the runs already there;
 ``--fresh`` starts over).
 """
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
     "demo": (None, "eval/accuracy", ("sync", "ray")),
     "example": ("configs/custom_task.yaml", "eval/reward", ("sync",)),
-    "tools": ("configs/tools.yaml", "eval/accuracy", ("ray",)),
+    "tools": ("configs/tools.yaml", "eval/accuracy", ("sync", "ray")),
 }
 
 
