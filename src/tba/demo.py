@@ -47,6 +47,7 @@ from tba.models.tiny import (
     build_tiny_llama,
     build_tool_tokenizer,
 )
+from tba.tasks import build_task
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.calculator import calculator
 from tba.tools import load_tools, tool_call_format
@@ -319,7 +320,7 @@ def shipped_accuracy(kind: str, path: Path, task_cfg) -> float:
 
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms)
+    task = build_task(task_cfg)
     with torch.no_grad():
         if kind == "tiny-tools":
             return tool_accuracy(model, tokenizer, task, task.eval_prompts(), TOOLS)
