@@ -97,9 +97,8 @@ def main() -> None:
     parser.add_argument("--runtimes", nargs="+", default=["sync", "ray"], choices=["sync", "ray"])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "headline")
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in results.json")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: overrides passed to every run")
-    a = parser.parse_args()
-    extra = [x for x in a.extra if x != "--"]
+    a, extra = parser.parse_known_args()  # what is left: overrides passed to every run (after --)
+    extra = [x for x in extra if x != "--"]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / ".gitignore").write_text("# run directories of bench_headline.py: only results.json is kept\n*/\n")
     results_path = a.out / "results.json"

@@ -68,6 +68,12 @@ def test_cli_trains_and_reward_goes_up(demo_run):
         assert all(key in r for r in train), key
     evals = [r for r in records if r.get("eval/accuracy") is not None]
     assert [r["step"] for r in evals] == [0, 30, 60, 90, 120]
+    # each evaluation after the start says how far it is from it (tba.runtime.health)
+    assert "eval/gain" not in evals[0]
+    for r in evals[1:]:
+        assert r["eval/gain"] == pytest.approx(r["eval/accuracy"] - evals[0]["eval/accuracy"])
+        p, n = evals[0]["eval/accuracy"], evals[0]["eval/problems"]
+        assert r["eval/below_start"] == float(r["eval/gain"] < -((p * (1 - p) / n) ** 0.5))  # one standard error
     # the process's peak resident memory (torch, the model, the searcher beside the trainer): in GiB
     peaks = [r["train/peak_memory_gb"] for r in train]
     assert all(0.1 < p < 8 for p in peaks) and summary["peak_memory_gb"] == pytest.approx(max(peaks), abs=1e-3)

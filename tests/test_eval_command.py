@@ -168,6 +168,13 @@ def test_async_evaluation_logs_each_step_once_with_the_numbers_of_its_weights(tm
     assert [r["step"] for r in train] == list(range(1, 9))
     assert "trainer/eval_wait_s" in train[3] and "eval/accuracy" not in train[3]
     assert summary["eval/accuracy_final"] == evals[-1]["eval/accuracy"]
+    # the evaluation actor's results pass the watch for falls (tba.runtime.health): each says how far
+    # it is from the start, and a fall (likely at this lr, not certain) is said in errors.log
+    start = evals[0]["eval/accuracy"]
+    assert all(r["eval/gain"] == pytest.approx(r["eval/accuracy"] - start) for r in evals[1:])
+    fell = [r["step"] for r in evals if r.get("eval/below_start")]
+    said = (run_dir / "errors.log").read_text() if (run_dir / "errors.log").is_file() else ""
+    assert (f"step {fell[0]}: accuracy" in said) if fell else ("below the start" not in said)
     assert {r["step"] for r in read_metrics(run_dir / "samples.jsonl")} == {0, 4, 8}
     for step in (4, 8):
         assert main(["eval", str(run_dir), "--checkpoint", str(step), "-o", str(tmp_path / f"{step}.json")]) == 0

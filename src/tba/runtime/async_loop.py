@@ -46,6 +46,7 @@ from tba.runtime.cluster import (
     ray_session,
     trainer_threads,
 )
+from tba.runtime.health import FallWatch
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
@@ -209,12 +210,20 @@ def _searcher_versions(stats: dict[int, dict], pool: SearcherPool, key: str = "s
 
 
 def _log_evaluations(
-    finished: list[Finished], run_dir: Path, metrics: MetricsLogger, display: RunDisplay, step: int
+    finished: list[Finished],
+    run_dir: Path,
+    metrics: MetricsLogger,
+    display: RunDisplay,
+    step: int,
+    watch: FallWatch,
+    say,
 ) -> None:
     """Results of the evaluation actor, each logged at the step whose weights it evaluated."""
     for f in finished:
         write_samples(run_dir, f.step, f.samples)
         metrics.log_samples(f.step, f.samples)
+        if message := watch.observe(f.step, f.metrics):
+            say(message)
         metrics.log(f.step, f.metrics)
         display.update(step, f.metrics)  # the display stays at the trainer's step
 
@@ -243,6 +252,7 @@ def _train(
     loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
+    watch = FallWatch.start(key, initial, run_dir)
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
@@ -288,6 +298,8 @@ def _train(
                     record["trainer/eval_wait_s"] = background.waited_s
                 else:
                     record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
+            if message := watch.observe(step, record):
+                pool.log(message)  # on the console even when quiet, and in errors.log
             if step % cfg.logging.every == 0 or key in record:
                 record["train/peak_memory_gb"] = peak.read()  # since the previous log
                 metrics.log(step, record)  # before the checkpoint: a resume from it finds this step logged
@@ -296,7 +308,7 @@ def _train(
                 if background:  # its results belong before the checkpoint, like the step's own
                     finished += background.finish()
                 save(c, run_dir)
-            _log_evaluations(finished, run_dir, metrics, display, step)
+            _log_evaluations(finished, run_dir, metrics, display, step, watch, pool.log)
             paused_s += time.perf_counter() - t1
             step_end = time.perf_counter()  # evaluation and checkpoints are not pauses of the loop
             display.update(step, record, _searcher_versions(last_stats, pool))

@@ -24,6 +24,7 @@ from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
+from tba.runtime.health import FallWatch
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
 from tba.runtime.run_dir import open_run, resume, save
 
@@ -53,7 +54,7 @@ def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             c.trainer.publish()  # the searcher starts from the trainer's weights
             initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
             metrics.log(0, initial)
-        _train(c, cfg, run_dir, metrics, initial)
+        _train(c, cfg, run_dir, metrics, initial, console)
     finally:
         if metrics is not None:
             metrics.close()  # whatever happened, what was logged stays on disk
@@ -61,7 +62,7 @@ def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     return run_dir, finish(console, run_dir, c, cfg, start)
 
 
-def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, initial: dict) -> None:
+def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, initial: dict, console: Console) -> None:
     trainer, searcher = c.trainer, c.searcher
     fresh_only = cfg.buffer.fresh_only  # train on each step's own groups; the buffer stays empty
     min_groups = cfg.buffer.min_groups or cfg.trainer.batch_prompts
@@ -69,6 +70,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         trainer.ingest(searcher.step())
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
+    watch = FallWatch.start(key, initial, run_dir)
     peak = PeakMemory(trainer.device)
     step_peak = 0.0  # GiB: the highest peak of the trainer's steps since the last log
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
@@ -95,6 +97,9 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             record.update(searcher.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
+            if message := watch.observe(step, record):
+                console.print(message, highlight=False, markup=False)  # even when quiet
+                log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
             if step % cfg.logging.every == 0 or key in record:
                 record["train/peak_memory_gb"], step_peak = step_peak, 0.0  # since the previous log
                 metrics.log(step, record)

@@ -1,0 +1,395 @@
+"""Asynchronous TB against sync in four regimes: what staleness costs, and what each remedy buys.
+
+    python benchmarks/bench_async_regimes.py run                          # every setting and arm, seeds 0 1 2
+    python benchmarks/bench_async_regimes.py run --settings small --arms sync ray ray_seq
+    python benchmarks/bench_async_regimes.py run --settings small -- --trainer.steps=100   # overrides for every run
+    python benchmarks/bench_async_regimes.py report                       # the tables and regimes.png
+
+Each run is the real command line (``tba train`` with the setting's and the arm's overrides and
+``--run.seed``) in its own process, one after another so that runs do not share the cores. Results
+accumulate in ``--out``/results.json after each run, with the machine; a rerun skips what is there
+(``--fresh`` starts over), so a grid can stop and go on in a later session.
+
+Settings (``SETTINGS``):
+
+- ``demo``: ``tba train`` as it is (600 steps, 16 prompts × 8, cosine schedule);
+- ``small``: the demo model on addition alone with small batches and a constant learning rate
+  (8 prompts × 8, lr 1e-4 constant, 200 steps, temperature 1, 5 new tokens), where two steps of
+  staleness first showed;
+- ``chains``: worked chains (5 one-digit operands, ``task.show_work``: 20-30 token completions),
+  300 steps;
+- ``real``: SmolLM2-135M-Instruct on the short chat word problems of ``benchmarks/word_problems``
+  (40 steps; needs ``benchmarks/real_model.py`` and ``make_problems.py`` once, as
+  ``bench_real_model.py`` says). ``--real-backend vllm`` generates with vLLM.
+
+Arms (``ARMS``): ``sync``; ``ray`` with the runtime's defaults; ``ray_lag1`` (``runtime.max_lag=1``:
+one-step-off-policy); the staleness-aware TB variants in the ray runtime: ``ray_seq`` (the sequence
+band, ``tb_trust_region=0.5`` on the sequence log-ratio), ``ray_tok`` (the per-token band, 0.2),
+``ray_ess`` (each step's learning rate times the effective sample size of the sequence importance
+weights π/π_sampler); ``sync_seq`` (the sequence band in sync); ``sync_lag2`` and
+``sync_lag2_seq`` (sync with the searcher's weights exactly 2 steps old, ``runtime.extra_lag=2``:
+the ray runtime's typical lag without its timing, plain and with the band); ``ray_flat1`` (the
+ray runtime drawing recent groups uniformly, as sync does, where its default draws groups with
+reward contrast first).
+
+Runs measured before with the same command are read rather than run again (``--no-import`` runs
+them): the demo's sync and ray arms from ``bench_headline.py`` and the word problems' sync and ray
+arms from ``bench_real_model.py`` (40 steps), each marked with its ``source``.
+
+Per run: the greedy evaluation before and after (``eval/accuracy``, ``eval/reward`` for ``real``),
+the gain, the gain per wall-clock minute of the whole command (start-up included), the lag of newly
+arrived data (``train/lag_fresh``) and of everything trained (``train/lag_mean``, replays included),
+and what preceded the end: the lowest evaluation, gradient norm, KL, log Z, flat groups, dropped
+terms. A run that ends below its start is marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tba.machine import describe_machine, machine_line
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_MODEL = Path(os.environ.get("TBA_CACHE", Path.home() / ".cache" / "tba")) / "smollm2-135m-instruct"
+
+SETTINGS: dict[str, list[str]] = {
+    "demo": [],
+    "small": [
+        "--task.operators=+",
+        "--generation.group_size=8",
+        "--generation.prompts_per_batch=8",
+        "--trainer.batch_prompts=8",
+        "--trainer.lr=1e-4",
+        "--trainer.lr_schedule=constant",
+        "--trainer.warmup_steps=0",
+        "--trainer.steps=200",
+        "--generation.temperature=1.0",
+        "--generation.max_new_tokens=5",
+        "--eval.every=50",
+    ],
+    "chains": [
+        "--task.terms=5",
+        "--task.digits=1",
+        "--task.show_work=true",
+        "--generation.max_new_tokens=40",
+        "--trainer.steps=300",
+        "--eval.every=50",
+    ],
+    "real": [
+        "benchmarks/word_problems/run.yaml",
+        f"--model.policy={REAL_MODEL}",
+        "--trainer.steps=40",
+        "--eval.every=10",
+        "--trainer.checkpoint_every=null",
+    ],
+}
+SEQUENCE_BAND = ["--objective.tb_trust_region=0.5", "--objective.tb_trust_region_sequence=true"]
+ARMS: dict[str, list[str]] = {
+    "sync": ["--runtime.type=sync"],
+    "ray": ["--runtime.type=ray"],
+    "ray_lag1": ["--runtime.type=ray", "--runtime.max_lag=1"],
+    "ray_seq": ["--runtime.type=ray", *SEQUENCE_BAND],
+    "ray_tok": ["--runtime.type=ray", "--objective.tb_trust_region=0.2"],
+    "ray_ess": ["--runtime.type=ray", "--objective.tb_ess_lr=true"],
+    "sync_seq": ["--runtime.type=sync", *SEQUENCE_BAND],
+    # the ray runtime drawing the recent groups uniformly (its buffer.flat_weight auto is 0: contrast first)
+    "ray_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1"],
+    # sync with the searcher's weights exactly 2 steps old: the ray runtime's lag without its timing
+    "sync_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2"],
+    "sync_lag2_seq": ["--runtime.type=sync", "--runtime.extra_lag=2", *SEQUENCE_BAND],
+}
+DEFAULT_ARMS = ["sync", "ray", "ray_lag1", "ray_seq", "ray_tok", "ray_ess"]
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _mean(rows: list[dict], key: str, tail: float = 1.0) -> float | None:
+    """Mean of ``key`` over the rows that have it; ``tail`` < 1: over that last share of them."""
+    values = [r[key] for r in rows if key in r and r[key] is not None]
+    if tail < 1.0:
+        values = values[-max(1, int(len(values) * tail)) :]
+    return statistics.mean(values) if values else None
+
+
+def diagnose(run_dir: Path, metric: str) -> dict:
+    """What the run's metrics say about its course: the curve and the signals that precede a fall."""
+    rows = _metrics(run_dir)
+    curve = [(r["step"], r[metric]) for r in rows if metric in r]
+    grad = sorted(r["train/grad_norm"] for r in rows if "train/grad_norm" in r)
+    return {
+        "curve": curve,
+        "lowest": min(v for _, v in curve) if curve else None,
+        "lag_fresh": _mean(rows, "train/lag_fresh"),
+        "arrival_lag_max": max(
+            (r["buffer/arrival_lag_max"] for r in rows if "buffer/arrival_lag_max" in r), default=None
+        ),
+        "grad_norm_median": grad[len(grad) // 2] if grad else None,
+        "kl_last": _mean(rows, "train/kl", 0.1),
+        "log_z_last": _mean(rows, "train/log_z", 0.1),
+        "flat_groups": _mean(rows, "train/flat_groups"),
+        "tb_dropped": _mean(rows, "train/tb_dropped"),
+        "tb_ess": _mean(rows, "train/tb_ess"),
+        "sampled_reward_last": _mean(rows, "searcher/reward_mean", 0.1),
+    }
+
+
+def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
+    metric = "eval/reward" if setting == "real" else "eval/accuracy"
+    name = f"{setting}-{arm}-seed{seed}"
+    args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}"]
+    args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false"]
+    shutil.rmtree(out / name, ignore_errors=True)  # an interrupted run's leftovers
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tba", "train", *args, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TERM": "dumb"},
+    )
+    wall = time.time() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    summary = json.loads((out / name / "summary.json").read_text())
+    first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
+    return {
+        "setting": setting,
+        "arm": arm,
+        "seed": seed,
+        "metric": metric,
+        "initial": first,
+        "final": last,
+        "gain": last - first,
+        "below_start": last < first,
+        "lag_mean": summary.get("lag_mean"),
+        "replay_ratio": summary.get("replay_ratio"),
+        "wall_clock_s": round(wall, 1),
+        "run_wall_clock_s": summary.get("wall_clock_s"),
+        **diagnose(out / name, metric),
+        "command": " ".join(["tba train", *args, *extra]),
+    }
+
+
+def import_headline(rows: list[dict], seeds: list[int]) -> list[dict]:
+    """The demo's sync and ray runs of ``bench_headline.py``: the same command, run on this machine."""
+    path = ROOT / "benchmarks" / "results" / "headline" / "results.json"
+    if not path.is_file():
+        return []
+    found = []
+    for r in json.loads(path.read_text())["runs"]:
+        if r["figure"] != "demo" or r["seed"] not in seeds:
+            continue
+        if any(x["setting"] == "demo" and x["arm"] == r["runtime"] and x["seed"] == r["seed"] for x in rows):
+            continue
+        run_dir = ROOT / "benchmarks" / "results" / "headline" / "runs" / f"demo-{r['runtime']}-seed{r['seed']}"
+        found.append(
+            {
+                **{k: r[k] for k in ("seed", "metric", "initial", "final", "gain", "below_start", "lag_mean")},
+                "setting": "demo",
+                "arm": r["runtime"],
+                "wall_clock_s": r["wall_clock_s"],
+                **(diagnose(run_dir, r["metric"]) if run_dir.is_dir() else {}),
+                "command": r["command"],
+                "source": "bench_headline.py",
+            }
+        )
+    return found
+
+
+# bench_real_model.py's configs that are this study's arms on ``real`` (its sync_tb draws uniformly,
+# as sync's buffer.flat_weight auto does; ray_tb_flat0 is the ray runtime's defaults)
+REAL_MODEL_ARMS = {"sync_tb": "sync", "ray_tb_flat0": "ray"}
+
+
+def import_real_model(rows: list[dict], seeds: list[int]) -> list[dict]:
+    """The word problems' 40-step runs of ``bench_real_model.py`` that are this study's arms there:
+    the same settings, run one at a time on this study's kind of machine (2-core AMD EPYC)."""
+    path = ROOT / "benchmarks" / "results" / "real_model" / "results.json"
+    if not path.is_file():
+        return []
+    found = []
+    for r in json.loads(path.read_text()):
+        arm = REAL_MODEL_ARMS.get(r.get("config"))
+        if arm is None or r["steps"] != 40 or r["seed"] not in seeds or "error" in r:
+            continue
+        if any(x["setting"] == "real" and x["arm"] == arm and x["seed"] == r["seed"] for x in rows + found):
+            continue
+        found.append(
+            {
+                "setting": "real",
+                "arm": arm,
+                "seed": r["seed"],
+                "metric": "eval/reward",
+                "initial": r["eval_initial"],
+                "final": r["eval_final"],
+                "gain": r["eval_final"] - r["eval_initial"],
+                "below_start": r["eval_final"] < r["eval_initial"],
+                "lag_mean": r["lag_mean"],
+                "replay_ratio": r["replay_ratio"],
+                "wall_clock_s": r["wall_s"],
+                "curve": r["evals"],
+                "kl_last": r["kl_last5"],
+                "flat_groups": r["flat_groups"],
+                "sampled_reward_last": r["sampled_last10"],
+                "command": f"benchmarks/bench_real_model.py run --configs {r['config']} --seeds {r['seed']} --steps 40",
+                "source": "bench_real_model.py",
+            }
+        )
+    return found
+
+
+def save(path: Path, environment: dict, rows: list[dict], merge: bool = True) -> None:
+    """Write the runs, keeping those another invocation wrote meanwhile (one file, several queues)."""
+    if merge and path.is_file():
+        mine = {(r["setting"], r["arm"], r["seed"]) for r in rows}
+        rows = rows + [
+            r for r in json.loads(path.read_text())["runs"] if (r["setting"], r["arm"], r["seed"]) not in mine
+        ]
+    path.write_text(json.dumps({"environment": environment, "runs": rows}, indent=1) + "\n")
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _ms(values: list[float], spec: str = ".3f") -> str:
+    if not values:
+        return "-"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):{spec}} ± {std:{spec}}"
+
+
+def table(rows: list[dict], setting: str) -> str:
+    """One setting: a row per arm, gains against sync's."""
+    arms: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (list(ARMS).index(r["arm"]), r["seed"])):
+        if r["setting"] == setting:
+            arms.setdefault(r["arm"], []).append(r)
+    if not arms:
+        return ""
+    sync = [r["gain"] for r in arms.get("sync", [])]
+    sync_mean = statistics.mean(sync) if sync else None
+    sync_std = statistics.stdev(sync) if len(sync) > 1 else None
+    lines = [
+        "| arm | seeds | start | final | gain | vs sync | each final | last 3 evaluations | gain / min "
+        "| lag (new data) | lag (all trained) | wall, s |",
+        "|---" * 12 + "|",
+    ]
+    for arm, rs in arms.items():
+        gains = [r["gain"] for r in rs]
+        verdict = "-"
+        if arm != "sync" and sync_mean is not None and sync_std is not None:
+            gap = statistics.mean(gains) - sync_mean
+            verdict = f"{gap:+.3f} ({'within' if gap >= -sync_std else 'below'} 1 std)"
+        each = ", ".join(f"{r['final']:.3f}{' **below start**' if r['below_start'] else ''}" for r in rs)
+        per_min = [60 * r["gain"] / r["wall_clock_s"] for r in rs]
+        last3 = [statistics.mean(v for _, v in r["curve"][-3:]) for r in rs if r.get("curve")]
+        fresh = [r["lag_fresh"] for r in rs if r.get("lag_fresh") is not None]
+        lag = [r["lag_mean"] for r in rs if r.get("lag_mean") is not None]
+        lines.append(
+            f"| {arm} | {','.join(str(r['seed']) for r in rs)} | {statistics.mean(r['initial'] for r in rs):.3f} "
+            f"| {_ms([r['final'] for r in rs])} | {_ms(gains)} | {verdict} | {each} | {_ms(last3)} "
+            f"| {_ms(per_min, '.4f')} | {_fmt(statistics.mean(fresh) if fresh else None)} "
+            f"| {_fmt(statistics.mean(lag) if lag else None, '.1f')} "
+            f"| {statistics.mean(r['wall_clock_s'] for r in rs):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), squeeze=False)
+    for ax, setting in zip(axes[0], settings, strict=True):
+        arms = [a for a in ARMS if any(r["setting"] == setting and r["arm"] == a for r in rows)]
+        for i, arm in enumerate(arms):
+            gains = [r["gain"] for r in rows if r["setting"] == setting and r["arm"] == arm]
+            std = statistics.stdev(gains) if len(gains) > 1 else 0.0
+            ax.bar(i, statistics.mean(gains), yerr=std, color="tab:gray" if arm.startswith("sync") else "tab:blue")
+            ax.plot([i] * len(gains), gains, "k.", ms=4)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(range(len(arms)), arms, rotation=40, ha="right")
+        ax.set_title(setting)
+        ax.set_ylabel("gain in greedy evaluation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(rows: list[dict], environment: dict | None, out: Path) -> None:
+    if environment:
+        print(f"measured on: {machine_line(environment)}")
+    for setting in SETTINGS:
+        text = table(rows, setting)
+        if text:
+            print(f"\n### {setting}\n\n{text}")
+    if rows:
+        plot(rows, out / "regimes.png")
+        print(f"\nplot: {out / 'regimes.png'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "report"])
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "async_regimes")
+    parser.add_argument("--real-backend", choices=["hf", "vllm"], default="hf")
+    parser.add_argument(
+        "--no-import",
+        action="store_true",
+        help="run the arms that bench_headline.py (demo) and bench_real_model.py (real) measured, not read them",
+    )
+    parser.add_argument("--fresh", action="store_true", help="forget the runs already in results.json")
+    a, extra = parser.parse_known_args()  # what is left: overrides passed to every run (after --)
+    extra = [x for x in extra if x != "--"]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / ".gitignore").write_text("# the run directories: only results.json and the plot are kept\n*/\n")
+    results_path = a.out / "results.json"
+    kept = json.loads(results_path.read_text()) if results_path.is_file() and not a.fresh else {}
+    rows = kept.get("runs", [])
+    environment = kept.get("environment")
+    if a.command == "run":
+        environment = describe_machine()
+        print(f"machine: {machine_line(environment)}", flush=True)
+        if "demo" in a.settings and not a.no_import:
+            rows += import_headline(rows, a.seeds)
+        if "real" in a.settings and not a.no_import:
+            rows += import_real_model(rows, a.seeds)
+        for setting in a.settings:
+            backend = (
+                [f"--generation.backend={a.real_backend}"] if setting == "real" and a.real_backend == "vllm" else []
+            )
+            for arm in a.arms:
+                for seed in a.seeds:
+                    if any(r["setting"] == setting and r["arm"] == arm and r["seed"] == seed for r in rows):
+                        continue
+                    if setting == "real" and not (REAL_MODEL / "config.json").is_file():
+                        raise SystemExit(f"{REAL_MODEL} is missing: build it as bench_real_model.py says")
+                    row = run(setting, arm, seed, a.out / "runs", [*backend, *extra])
+                    print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
+                    rows.append(row)
+                    save(results_path, environment, rows, merge=not a.fresh)
+        save(results_path, environment, rows, merge=not a.fresh)
+        rows = json.loads(results_path.read_text())["runs"]
+    report(rows, environment, a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""A run that falls below where it started: noticed at the evaluation that shows it, logged as
+``eval/gain`` (each evaluation minus the first) and ``eval/below_start``, and said on the console
+and in ``errors.log`` with what the trainer saw since the previous evaluation (the lag of new data,
+flat groups, gradient norm, log Z, KL, dropped terms) beside the same signals over the run's first
+interval, while the run goes on."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from tba.metrics import read_metrics
+
+# the training signals that preceded a fall, as (metric, label, how the interval is summarised)
+SIGNALS = (
+    ("train/lag_fresh", "lag of new data", "mean"),
+    ("buffer/arrival_lag_max", "arrival lag max", "max"),
+    ("train/flat_groups", "flat groups", "mean"),
+    ("train/grad_norm", "grad norm", "median"),
+    ("train/log_z", "log Z", "last"),
+    ("train/kl", "KL", "mean"),
+    ("train/tb_dropped", "dropped", "mean"),
+)
+RATES = ("eval/accuracy", "eval/win_rate", "eval/attack_success_rate")
+
+
+def _summarise(values: list[float], how: str) -> float:
+    if how == "max":
+        return max(values)
+    if how == "median":
+        return statistics.median(values)
+    if how == "last":
+        return values[-1]
+    return statistics.fmean(values)
+
+
+class FallWatch:
+    """Watches the logged records of one run for evaluations below the first one.
+
+    ``observe`` takes every record as it is logged (training steps and evaluations, in step order
+    or, with evaluation in the background, an evaluation after the steps that followed it) and
+    returns a message when an evaluation falls below the start by more than its noise: one
+    standard error of the start for a rate over ``eval/problems`` problems (a problem or two of
+    256 is not a fall), any drop for other metrics. It speaks once per fall: again only after an
+    evaluation has come back above the line."""
+
+    def __init__(self, key: str, initial: float | None = None, problems: float | None = None) -> None:
+        self.key = key
+        self.initial = initial
+        self.margin = 0.0
+        if initial is not None:
+            self._set_margin(initial, problems)
+        self.window: dict[str, list[float]] = {}  # signals since the previous evaluation
+        self.first: dict[str, float] | None = None  # the same over the run's first interval
+        self.below = False
+
+    def _set_margin(self, initial: float, problems: float | None) -> None:
+        if self.key in RATES and problems:
+            self.margin = math.sqrt(max(initial * (1 - initial), 0.0) / problems)
+
+    @classmethod
+    def start(cls, key: str, initial: dict, run_dir: Path) -> FallWatch:
+        """The watch of a run that begins with the evaluation ``initial`` (empty when it comes
+        later from the evaluation actor, or when a resumed run reads its start from ``metrics.jsonl``)."""
+        if initial.get(key) is not None:
+            return cls(key, float(initial[key]), initial.get("eval/problems"))
+        path = run_dir / "metrics.jsonl"
+        return cls.from_history(key, read_metrics(path) if path.is_file() else [])
+
+    @classmethod
+    def from_history(cls, key: str, history: list[dict]) -> FallWatch:
+        """A resumed run's watch: the start is the first evaluation in ``metrics.jsonl``."""
+        evals = [r for r in history if r.get(key) is not None]
+        if not evals:
+            return cls(key)
+        return cls(key, evals[0][key], evals[0].get("eval/problems"))
+
+    def observe(self, step: int, record: dict) -> str | None:
+        """Note ``record`` (logged at ``step``); add ``eval/gain`` and ``eval/below_start`` to an
+        evaluation's record; return what to say if it shows a fall."""
+        for key, _, _ in SIGNALS:
+            if record.get(key) is not None:
+                self.window.setdefault(key, []).append(float(record[key]))
+        value = record.get(self.key)
+        if value is None:
+            return None
+        if self.initial is None:  # the first evaluation is the start
+            self.initial = float(value)
+            self._set_margin(self.initial, record.get("eval/problems"))
+            return None
+        signals = {key: _summarise(v, how) for key, _, how in SIGNALS if (v := self.window.get(key))}
+        self.window = {}
+        if self.first is None:
+            self.first = signals
+        gain = float(value) - self.initial
+        below = gain < -self.margin
+        record["eval/gain"] = gain
+        record["eval/below_start"] = float(below)
+        said, self.below = self.below, below
+        if not below or said:
+            return None
+        name = self.key.split("/", 1)[1]
+        rate = self.key in RATES
+        show = (lambda x: f"{x:.1%}") if rate else (lambda x: f"{x:.3f}")
+        parts = []
+        for key, label, _ in SIGNALS:
+            if key in signals:
+                then = (
+                    f" (first interval {self.first[key]:.3g})"
+                    if key in self.first and self.first is not signals
+                    else ""
+                )
+                parts.append(f"{label} {signals[key]:.3g}{then}")
+        preceded = f"; since the previous evaluation: {', '.join(parts)}" if parts else ""
+        return (
+            f"step {step}: {name} {show(float(value))} is below the start ({show(self.initial)}){preceded}. "
+            f"The run goes on; a lower trainer.lr, runtime.max_lag=1 or objective.tb_trust_region "
+            f"(docs/objectives.md) are the usual remedies"
+        )

@@ -1,0 +1,50 @@
+"""A run that falls below its start is said while it goes on (``tba.runtime.health.FallWatch``)."""
+
+from __future__ import annotations
+
+import math
+
+from tba.runtime.health import FallWatch
+
+
+def _steps(watch: FallWatch, first: int, last: int, **signals: float) -> None:
+    for step in range(first, last + 1):
+        assert watch.observe(step, {f"train/{k}": v for k, v in signals.items()}) is None
+
+
+def test_an_evaluation_below_the_start_is_said_once_with_what_preceded_it():
+    watch = FallWatch("eval/accuracy", 0.5, problems=256)
+    assert math.isclose(watch.margin, math.sqrt(0.25 / 256))  # one standard error: 3.1 points
+    _steps(watch, 1, 10, lag_fresh=1.0, grad_norm=200.0, log_z=5.0, flat_groups=0.2)
+    first = {"eval/accuracy": 0.55}
+    assert watch.observe(10, first) is None
+    assert first["eval/gain"] == 0.55 - 0.5 and first["eval/below_start"] == 0.0
+    _steps(watch, 11, 20, lag_fresh=3.0, grad_norm=900.0, log_z=9.0, flat_groups=0.9)
+    noise = {"eval/accuracy": 0.48}  # 2 points down: within the margin
+    assert watch.observe(20, noise) is None and noise["eval/below_start"] == 0.0
+    fall = {"eval/accuracy": 0.40}
+    message = watch.observe(21, fall)
+    assert fall["eval/below_start"] == 1.0 and math.isclose(fall["eval/gain"], -0.1)
+    assert message.startswith("step 21: accuracy 40.0% is below the start (50.0%)")
+    # the interval's signals beside the first interval's (step 21's window is empty: none shown)
+    assert "grad norm" not in message
+    watch2 = FallWatch("eval/accuracy", 0.5, problems=256)
+    _steps(watch2, 1, 10, lag_fresh=1.0, grad_norm=200.0)
+    watch2.observe(10, {"eval/accuracy": 0.5})
+    _steps(watch2, 11, 20, lag_fresh=3.0, grad_norm=900.0)
+    message = watch2.observe(20, {"eval/accuracy": 0.3})
+    assert "lag of new data 3 (first interval 1)" in message and "grad norm 900 (first interval 200)" in message
+    # said once per fall: again only after coming back above the line
+    assert watch2.observe(30, {"eval/accuracy": 0.2}) is None
+    assert watch2.observe(40, {"eval/accuracy": 0.6}) is None
+    assert watch2.observe(50, {"eval/accuracy": 0.1}) is not None
+
+
+def test_the_start_is_the_first_evaluation_and_other_metrics_fall_at_any_drop():
+    watch = FallWatch("eval/reward")  # evaluation in the background: the start arrives first
+    assert watch.observe(0, {"eval/reward": 1.0}) is None and watch.initial == 1.0 and watch.margin == 0.0
+    record = {"eval/reward": 0.999}
+    assert "reward 0.999 is below the start (1.000)" in watch.observe(5, record)
+    resumed = FallWatch.from_history("eval/reward", [{"step": 0, "eval/reward": 0.8}, {"step": 1, "train/kl": 0.1}])
+    assert resumed.initial == 0.8
+    assert FallWatch.from_history("eval/reward", []).initial is None
