@@ -30,7 +30,8 @@ weights π/π_sampler); ``sync_seq`` (the sequence band in sync); ``sync_lag2`` 
 ``sync_lag2_seq`` (sync with the searcher's weights exactly 2 steps old, ``runtime.extra_lag=2``:
 the ray runtime's typical lag without its timing, plain and with the band); ``ray_flat1`` (the
 ray runtime drawing recent groups uniformly, as sync does, where its default draws groups with
-reward contrast first).
+reward contrast first); ``ray_seq_flat1`` and ``ray_seq_lag1`` (the band with that uniform draw,
+or with the lag bound of 1).
 
 Runs measured before with the same command are read rather than run again (``--no-import`` runs
 them): the demo's sync and ray arms from ``bench_headline.py`` and the word problems' sync and ray
@@ -102,6 +103,9 @@ ARMS: dict[str, list[str]] = {
     "sync_seq": ["--runtime.type=sync", *SEQUENCE_BAND],
     # the ray runtime drawing the recent groups uniformly (its buffer.flat_weight auto is 0: contrast first)
     "ray_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1"],
+    # the sequence band with each of the ray runtime's other differences from sync taken away
+    "ray_seq_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1", *SEQUENCE_BAND],
+    "ray_seq_lag1": ["--runtime.type=ray", "--runtime.max_lag=1", *SEQUENCE_BAND],
     # sync with the searcher's weights exactly 2 steps old: the ray runtime's lag without its timing
     "sync_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2"],
     "sync_lag2_seq": ["--runtime.type=sync", "--runtime.extra_lag=2", *SEQUENCE_BAND],
@@ -282,9 +286,9 @@ def table(rows: list[dict], setting: str) -> str:
     sync_mean = statistics.mean(sync) if sync else None
     sync_std = statistics.stdev(sync) if len(sync) > 1 else None
     lines = [
-        "| arm | seeds | start | final | gain | vs sync | each final | last 3 evaluations | gain / min "
-        "| lag (new data) | lag (all trained) | wall, s |",
-        "|---" * 12 + "|",
+        "| arm | seeds | start | final | gain | vs sync | each final | last 3 evaluations | sampled reward, last 10% "
+        "| gain / min | lag (new data) | lag (all trained) | wall, s |",
+        "|---" * 13 + "|",
     ]
     for arm, rs in arms.items():
         gains = [r["gain"] for r in rs]
@@ -295,15 +299,36 @@ def table(rows: list[dict], setting: str) -> str:
         each = ", ".join(f"{r['final']:.3f}{' **below start**' if r['below_start'] else ''}" for r in rs)
         per_min = [60 * r["gain"] / r["wall_clock_s"] for r in rs]
         last3 = [statistics.mean(v for _, v in r["curve"][-3:]) for r in rs if r.get("curve")]
+        sampled = [r["sampled_reward_last"] for r in rs if r.get("sampled_reward_last") is not None]
         fresh = [r["lag_fresh"] for r in rs if r.get("lag_fresh") is not None]
         lag = [r["lag_mean"] for r in rs if r.get("lag_mean") is not None]
         lines.append(
             f"| {arm} | {','.join(str(r['seed']) for r in rs)} | {statistics.mean(r['initial'] for r in rs):.3f} "
-            f"| {_ms([r['final'] for r in rs])} | {_ms(gains)} | {verdict} | {each} | {_ms(last3)} "
+            f"| {_ms([r['final'] for r in rs])} | {_ms(gains)} | {verdict} | {each} | {_ms(last3)} | {_ms(sampled)} "
             f"| {_ms(per_min, '.4f')} | {_fmt(statistics.mean(fresh) if fresh else None)} "
             f"| {_fmt(statistics.mean(lag) if lag else None, '.1f')} "
             f"| {statistics.mean(r['wall_clock_s'] for r in rs):.0f} |"
         )
+    return "\n".join(lines)
+
+
+COMPACT = ["sync", "sync_lag2", "sync_lag2_seq", "sync_seq", "ray", "ray_lag1", "ray_seq"]
+
+
+def compact_table(rows: list[dict]) -> str:
+    """Gain by setting and arm (the docs' table): mean ± std, seeds, and the runs that ended below
+    their start."""
+    arms = [a for a in COMPACT if any(r["arm"] == a for r in rows)]
+    lines = ["| setting | " + " | ".join(f"`{a}`" for a in arms) + " |", "|---" * (len(arms) + 1) + "|"]
+    for setting in SETTINGS:
+        cells = []
+        for arm in arms:
+            gains = [r["gain"] for r in rows if r["setting"] == setting and r["arm"] == arm]
+            below = sum(r["below_start"] for r in rows if r["setting"] == setting and r["arm"] == arm)
+            fell = f", {below} below start" if below else ""
+            cells.append(f"{_ms(gains)} ({len(gains)}{fell})" if gains else "")
+        if any(cells):
+            lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -334,6 +359,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def report(rows: list[dict], environment: dict | None, out: Path) -> None:
     if environment:
         print(f"measured on: {machine_line(environment)}")
+    print(f"\n### gain by setting and arm (seeds)\n\n{compact_table(rows)}")
     for setting in SETTINGS:
         text = table(rows, setting)
         if text:

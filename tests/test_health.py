@@ -48,3 +48,15 @@ def test_the_start_is_the_first_evaluation_and_other_metrics_fall_at_any_drop():
     resumed = FallWatch.from_history("eval/reward", [{"step": 0, "eval/reward": 0.8}, {"step": 1, "train/kl": 0.1}])
     assert resumed.initial == 0.8
     assert FallWatch.from_history("eval/reward", []).initial is None
+
+
+def test_the_advice_after_a_fall_names_the_sequence_band_for_plain_trajectory_balance():
+    from tba.config import load_config
+    from tba.runtime.health import BAND, LOWER_LR, remedy
+
+    assert remedy(load_config(None, []).objective) == BAND
+    assert remedy(load_config(None, ["--objective.type=grpo"]).objective) == LOWER_LR
+    banded = ["--objective.tb_trust_region=0.5", "--objective.tb_trust_region_sequence=true"]
+    assert remedy(load_config(None, banded).objective) == LOWER_LR
+    watch = FallWatch("eval/accuracy", 0.5, problems=256, remedy=BAND)
+    assert watch.observe(10, {"eval/accuracy": 0.1}).endswith(BAND)

@@ -46,7 +46,7 @@ from tba.runtime.cluster import (
     ray_session,
     trainer_threads,
 )
-from tba.runtime.health import FallWatch
+from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
@@ -252,7 +252,7 @@ def _train(
     loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
-    watch = FallWatch.start(key, initial, run_dir)
+    watch = FallWatch.start(key, initial, run_dir, remedy(cfg.objective))
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)

@@ -23,6 +23,17 @@ SIGNALS = (
     ("train/tb_dropped", "dropped", "mean"),
 )
 RATES = ("eval/accuracy", "eval/win_rate", "eval/attack_success_rate")
+LOWER_LR = "A lower trainer.lr steadies a run that swings."
+BAND = (
+    "The sequence band (objective.tb_trust_region=0.5 with objective.tb_trust_region_sequence=true) "
+    "steadied trajectory balance where plain TB fell (docs/runtimes.md, 'What staleness costs trajectory balance'); "
+    "so does a lower trainer.lr."
+)
+
+
+def remedy(objective) -> str:
+    """What to suggest after a fall: the sequence band for plain trajectory balance."""
+    return BAND if objective.type == "tb" and objective.tb_trust_region is None else LOWER_LR
 
 
 def _summarise(values: list[float], how: str) -> float:
@@ -45,8 +56,10 @@ class FallWatch:
     256 is not a fall), any drop for other metrics. It speaks once per fall: again only after an
     evaluation has come back above the line."""
 
-    def __init__(self, key: str, initial: float | None = None, problems: float | None = None) -> None:
-        self.key = key
+    def __init__(
+        self, key: str, initial: float | None = None, problems: float | None = None, remedy: str = LOWER_LR
+    ) -> None:
+        self.key, self.remedy = key, remedy
         self.initial = initial
         self.margin = 0.0
         if initial is not None:
@@ -60,13 +73,15 @@ class FallWatch:
             self.margin = math.sqrt(max(initial * (1 - initial), 0.0) / problems)
 
     @classmethod
-    def start(cls, key: str, initial: dict, run_dir: Path) -> FallWatch:
+    def start(cls, key: str, initial: dict, run_dir: Path, advice: str = LOWER_LR) -> FallWatch:
         """The watch of a run that begins with the evaluation ``initial`` (empty when it comes
         later from the evaluation actor, or when a resumed run reads its start from ``metrics.jsonl``)."""
         if initial.get(key) is not None:
-            return cls(key, float(initial[key]), initial.get("eval/problems"))
+            return cls(key, float(initial[key]), initial.get("eval/problems"), advice)
         path = run_dir / "metrics.jsonl"
-        return cls.from_history(key, read_metrics(path) if path.is_file() else [])
+        watch = cls.from_history(key, read_metrics(path) if path.is_file() else [])
+        watch.remedy = advice
+        return watch
 
     @classmethod
     def from_history(cls, key: str, history: list[dict]) -> FallWatch:
@@ -115,6 +130,5 @@ class FallWatch:
         preceded = f"; since the previous evaluation: {', '.join(parts)}" if parts else ""
         return (
             f"step {step}: {name} {show(float(value))} is below the start ({show(self.initial)}){preceded}. "
-            f"The run goes on; a lower trainer.lr, runtime.max_lag=1 or objective.tb_trust_region "
-            f"(docs/objectives.md) are the usual remedies"
+            f"The run goes on. {self.remedy}"
         )

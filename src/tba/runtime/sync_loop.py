@@ -24,7 +24,7 @@ from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
-from tba.runtime.health import FallWatch
+from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
 from tba.runtime.run_dir import open_run, resume, save
 
@@ -70,7 +70,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         trainer.ingest(searcher.step())
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
-    watch = FallWatch.start(key, initial, run_dir)
+    watch = FallWatch.start(key, initial, run_dir, remedy(cfg.objective))
     peak = PeakMemory(trainer.device)
     step_peak = 0.0  # GiB: the highest peak of the trainer's steps since the last log
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
