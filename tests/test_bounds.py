@@ -114,6 +114,8 @@ def test_a_slow_searcher_holds_the_trainer_within_both_bounds(tmp_path, demo_cac
     summary, train = slow_run(tmp_path, demo_cache, "bounded", "--trainer.max_replay_ratio=1.0", "--runtime.max_lag=1")
     assert all(r["train/replay_ratio"] <= 1.0 for r in train)
     assert all(r["buffer/arrival_lag_max"] <= 1 for r in train)  # every batch arrived at most 1 step stale
+    # and was trained so: the lag of newly arrived data, the staleness the objective sees
+    assert all(r["train/lag_fresh"] <= 1 for r in train if "train/lag_fresh" in r)
     # over the run: 12 steps x 64 samples trained, at most once each on average
     assert summary["replay_ratio"] <= 1.0 and train[-1]["searcher/completions"] >= 12 * 64
     # the waiting is accounted for: per step, summed, and in the summary; with max_lag=1 each step

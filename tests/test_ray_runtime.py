@@ -72,6 +72,9 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     # was taken once they had generated with version 36
     assert train[-1]["searcher/version_min"] >= steps - k
     assert all(r["train/lag_max"] >= r["train/lag_mean"] >= 0 for r in train)
+    # the staleness of newly arrived data as trained, whatever the machine's load: within the bound
+    assert all(0 <= r["train/lag_fresh"] <= k for r in train if "train/lag_fresh" in r)
+    assert all(r["buffer/arrival_lag_max"] <= k for r in train if "buffer/arrival_lag_max" in r)
 
 
 def test_streaming_searchers_train_with_weights_loaded_in_flight(tmp_path, demo_cache):
