@@ -49,12 +49,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from bench_headline import train
 
 from tba.machine import describe_machine, machine_line
 
@@ -151,21 +149,9 @@ def diagnose(run_dir: Path, metric: str) -> dict:
 def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     metric = "eval/reward" if setting == "real" else "eval/accuracy"
     name = f"{setting}-{arm}-seed{seed}"
-    args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}"]
-    args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false"]
-    shutil.rmtree(out / name, ignore_errors=True)  # an interrupted run's leftovers
-    start = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tba", "train", *args, *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TERM": "dumb"},
-    )
-    wall = time.time() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((out / name / "summary.json").read_text())
+    args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false"]
+    summary, wall = train([*args, *extra], out, name)
+    args += [f"--run.output_dir={out}", f"--run.name={name}"]
     first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
     return {
         "setting": setting,

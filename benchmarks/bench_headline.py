@@ -37,23 +37,35 @@ FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
 }
 
 
-def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
-    config, metric, _ = FIGURES[figure]
-    name = f"{figure}-{runtime}-seed{seed}"
-    args = [*([config] if config else []), f"--runtime.type={runtime}", f"--run.seed={seed}"]
-    args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false"]
+def train(args: list[str], out: Path, name: str) -> tuple[dict, float]:
+    """``tba train`` with ``args`` in its own process, into ``out``/``name``: its summary and the
+    command's wall-clock in seconds. A failed run stops the benchmark with the run's last error."""
     shutil.rmtree(out / name, ignore_errors=True)  # an interrupted run's leftovers
     start = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "tba", "train", *args, *extra],
+        [sys.executable, "-m", "tba", "train", *args, f"--run.output_dir={out}", f"--run.name={name}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         env={**os.environ, "TERM": "dumb"},
     )
+    wall = time.time() - start
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((out / name / "summary.json").read_text())
+    return json.loads((out / name / "summary.json").read_text()), wall
+
+
+def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
+    config, metric, _ = FIGURES[figure]
+    name = f"{figure}-{runtime}-seed{seed}"
+    args = [
+        *([config] if config else []),
+        f"--runtime.type={runtime}",
+        f"--run.seed={seed}",
+        "--logging.progress=false",
+    ]
+    summary, wall = train([*args, *extra], out, name)
+    args += [f"--run.output_dir={out}", f"--run.name={name}"]
     first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
     return {
         "figure": figure,
@@ -65,7 +77,7 @@ def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> di
         "gain": last - first,
         "below_start": last < first,
         "lag_mean": summary.get("lag_mean"),
-        "wall_clock_s": round(time.time() - start, 1),
+        "wall_clock_s": round(wall, 1),
         "command": " ".join(["tba train", *args, *extra]),
     }
 
