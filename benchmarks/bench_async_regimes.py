@@ -52,9 +52,10 @@ import os
 import statistics
 from pathlib import Path
 
-from bench_headline import train
+from bench_headline import outcome, train
 
 from tba.machine import describe_machine, machine_line
+from tba.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_MODEL = Path(os.environ.get("TBA_CACHE", Path.home() / ".cache" / "tba")) / "smollm2-135m-instruct"
@@ -111,11 +112,6 @@ ARMS: dict[str, list[str]] = {
 DEFAULT_ARMS = ["sync", "ray", "ray_lag1", "ray_seq", "ray_tok", "ray_ess"]
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
 def _mean(rows: list[dict], key: str, tail: float = 1.0) -> float | None:
     """Mean of ``key`` over the rows that have it; ``tail`` < 1: over that last share of them."""
     values = [r[key] for r in rows if key in r and r[key] is not None]
@@ -126,7 +122,7 @@ def _mean(rows: list[dict], key: str, tail: float = 1.0) -> float | None:
 
 def diagnose(run_dir: Path, metric: str) -> dict:
     """What the run's metrics say about its course: the curve and the signals that precede a fall."""
-    rows = _metrics(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     curve = [(r["step"], r[metric]) for r in rows if metric in r]
     grad = sorted(r["train/grad_norm"] for r in rows if "train/grad_norm" in r)
     return {
@@ -152,17 +148,11 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false"]
     summary, wall = train([*args, *extra], out, name)
     args += [f"--run.output_dir={out}", f"--run.name={name}"]
-    first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
     return {
         "setting": setting,
         "arm": arm,
         "seed": seed,
-        "metric": metric,
-        "initial": first,
-        "final": last,
-        "gain": last - first,
-        "below_start": last < first,
-        "lag_mean": summary.get("lag_mean"),
+        **outcome(summary, metric),
         "replay_ratio": summary.get("replay_ratio"),
         "wall_clock_s": round(wall, 1),
         "run_wall_clock_s": summary.get("wall_clock_s"),

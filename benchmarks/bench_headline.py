@@ -55,6 +55,19 @@ def train(args: list[str], out: Path, name: str) -> tuple[dict, float]:
     return json.loads((out / name / "summary.json").read_text()), wall
 
 
+def outcome(summary: dict, metric: str) -> dict:
+    """A run's evaluation before and after training, from its ``summary.json``."""
+    first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
+    return {
+        "metric": metric,
+        "initial": first,
+        "final": last,
+        "gain": last - first,
+        "below_start": last < first,
+        "lag_mean": summary.get("lag_mean"),
+    }
+
+
 def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
     config, metric, _ = FIGURES[figure]
     name = f"{figure}-{runtime}-seed{seed}"
@@ -66,17 +79,11 @@ def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> di
     ]
     summary, wall = train([*args, *extra], out, name)
     args += [f"--run.output_dir={out}", f"--run.name={name}"]
-    first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
     return {
         "figure": figure,
         "runtime": runtime,
         "seed": seed,
-        "metric": metric,
-        "initial": first,
-        "final": last,
-        "gain": last - first,
-        "below_start": last < first,
-        "lag_mean": summary.get("lag_mean"),
+        **outcome(summary, metric),
         "wall_clock_s": round(wall, 1),
         "command": " ".join(["tba train", *args, *extra]),
     }

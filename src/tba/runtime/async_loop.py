@@ -47,7 +47,7 @@ from tba.runtime.cluster import (
     trainer_threads,
 )
 from tba.runtime.health import FallWatch, remedy
-from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
+from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
@@ -109,7 +109,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             elif background is None and not resumed:
                 initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
                 metrics.log(0, initial)
-            on_event = lambda m: _event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
+            on_event = lambda m: say_event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
             pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, on_event)
             memory = "jemalloc" if allocator.loaded() else "the system allocator"
             log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
@@ -126,12 +126,6 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             if c is not None:
                 c.close()
     return run_dir, finish(console, run_dir, c, cfg, start, extra)
-
-
-def _event(run_dir: Path, log, message: str) -> None:
-    """A searcher's death or return: on the console and in ``errors.log``."""
-    log(message)
-    log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
 
 
 def _drain(c: Components, inbox, run_dir: Path, gate: StepGate) -> dict[int, dict]:

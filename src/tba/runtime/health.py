@@ -79,17 +79,15 @@ class FallWatch:
         if initial.get(key) is not None:
             return cls(key, float(initial[key]), initial.get("eval/problems"), advice)
         path = run_dir / "metrics.jsonl"
-        watch = cls.from_history(key, read_metrics(path) if path.is_file() else [])
-        watch.remedy = advice
-        return watch
+        return cls.from_history(key, read_metrics(path) if path.is_file() else [], advice)
 
     @classmethod
-    def from_history(cls, key: str, history: list[dict]) -> FallWatch:
+    def from_history(cls, key: str, history: list[dict], advice: str = LOWER_LR) -> FallWatch:
         """A resumed run's watch: the start is the first evaluation in ``metrics.jsonl``."""
         evals = [r for r in history if r.get(key) is not None]
         if not evals:
-            return cls(key)
-        return cls(key, evals[0][key], evals[0].get("eval/problems"))
+            return cls(key, remedy=advice)
+        return cls(key, evals[0][key], evals[0].get("eval/problems"), advice)
 
     def observe(self, step: int, record: dict) -> str | None:
         """Note ``record`` (logged at ``step``); add ``eval/gain`` and ``eval/below_start`` to an

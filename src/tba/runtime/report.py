@@ -80,6 +80,13 @@ def log_errors(run_dir: Path, errors: list[str]) -> None:
                 f.write(text.rstrip() + "\n\n")
 
 
+def say_event(run_dir: Path, log, message: str) -> None:
+    """Something the run must tell even when quiet (a searcher's death or return, a fall below the
+    start): through ``log`` and, with the time, in ``errors.log``."""
+    log(message)
+    log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 

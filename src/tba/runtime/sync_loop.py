@@ -25,7 +25,7 @@ from tba.models.precision import PeakMemory
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
 from tba.runtime.health import FallWatch, remedy
-from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors
+from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.run_dir import open_run, resume, save
 
 
@@ -97,9 +97,8 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             record.update(searcher.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
-            if message := watch.observe(step, record):
-                console.print(message, highlight=False, markup=False)  # even when quiet
-                log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
+            if message := watch.observe(step, record):  # on the console even when quiet
+                say_event(run_dir, lambda m: console.print(m, highlight=False, markup=False), message)
             if step % cfg.logging.every == 0 or key in record:
                 record["train/peak_memory_gb"], step_peak = step_peak, 0.0  # since the previous log
                 metrics.log(step, record)
