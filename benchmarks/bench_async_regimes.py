@@ -22,9 +22,11 @@ Settings (``SETTINGS``):
   (40 steps; needs ``benchmarks/real_model.py`` and ``make_problems.py`` once, as
   ``bench_real_model.py`` says). ``--real-backend vllm`` generates with vLLM.
 
-Arms (``ARMS``): ``sync``; ``ray`` with the runtime's defaults; ``ray_lag1`` (``runtime.max_lag=1``:
-one-step-off-policy); the staleness-aware TB variants in the ray runtime: ``ray_seq`` (the sequence
-band, ``tb_trust_region=0.5`` on the sequence log-ratio), ``ray_tok`` (the per-token band, 0.2),
+Arms (``ARMS``): ``sync`` and ``ray``, plain trajectory balance (``objective.tb_trust_region=null``:
+the defaults this study started from) with each runtime's other defaults; ``ray_lag1``
+(``runtime.max_lag=1``: one-step-off-policy); the staleness-aware TB variants in the ray runtime:
+``ray_seq`` (the sequence band, ``tb_trust_region=0.5`` on the sequence log-ratio: TB's default
+since this study), ``ray_tok`` (the per-token band, 0.2),
 ``ray_ess`` (each step's learning rate times the effective sample size of the sequence importance
 weights π/π_sampler); ``sync_seq`` (the sequence band in sync); ``sync_lag2`` and
 ``sync_lag2_seq`` (sync with the searcher's weights exactly 2 steps old, ``runtime.extra_lag=2``:
@@ -91,22 +93,24 @@ SETTINGS: dict[str, list[str]] = {
         "--trainer.checkpoint_every=null",
     ],
 }
+# the sequence band (what tb_trust_region auto means for tb) and plain trajectory balance, both named
 SEQUENCE_BAND = ["--objective.tb_trust_region=0.5", "--objective.tb_trust_region_sequence=true"]
+PLAIN = ["--objective.tb_trust_region=null"]
 ARMS: dict[str, list[str]] = {
-    "sync": ["--runtime.type=sync"],
-    "ray": ["--runtime.type=ray"],
-    "ray_lag1": ["--runtime.type=ray", "--runtime.max_lag=1"],
+    "sync": ["--runtime.type=sync", *PLAIN],
+    "ray": ["--runtime.type=ray", *PLAIN],
+    "ray_lag1": ["--runtime.type=ray", "--runtime.max_lag=1", *PLAIN],
     "ray_seq": ["--runtime.type=ray", *SEQUENCE_BAND],
-    "ray_tok": ["--runtime.type=ray", "--objective.tb_trust_region=0.2"],
-    "ray_ess": ["--runtime.type=ray", "--objective.tb_ess_lr=true"],
+    "ray_tok": ["--runtime.type=ray", "--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=false"],
+    "ray_ess": ["--runtime.type=ray", "--objective.tb_ess_lr=true", *PLAIN],
     "sync_seq": ["--runtime.type=sync", *SEQUENCE_BAND],
     # the ray runtime drawing the recent groups uniformly (its buffer.flat_weight auto is 0: contrast first)
-    "ray_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1"],
+    "ray_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1", *PLAIN],
     # the sequence band with each of the ray runtime's other differences from sync taken away
     "ray_seq_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1", *SEQUENCE_BAND],
     "ray_seq_lag1": ["--runtime.type=ray", "--runtime.max_lag=1", *SEQUENCE_BAND],
     # sync with the searcher's weights exactly 2 steps old: the ray runtime's lag without its timing
-    "sync_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2"],
+    "sync_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2", *PLAIN],
     "sync_lag2_seq": ["--runtime.type=sync", "--runtime.extra_lag=2", *SEQUENCE_BAND],
 }
 DEFAULT_ARMS = ["sync", "ray", "ray_lag1", "ray_seq", "ray_tok", "ray_ess"]
@@ -168,7 +172,8 @@ def import_headline(rows: list[dict], seeds: list[int]) -> list[dict]:
         return []
     found = []
     for r in json.loads(path.read_text())["runs"]:
-        if r["figure"] != "demo" or r["seed"] not in seeds:
+        # plain TB only (rows without tb_trust_region ran before the band became TB's default)
+        if r["figure"] != "demo" or r["seed"] not in seeds or r.get("tb_trust_region", "none") != "none":
             continue
         if any(x["setting"] == "demo" and x["arm"] == r["runtime"] and x["seed"] == r["seed"] for x in rows):
             continue

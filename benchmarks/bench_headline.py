@@ -68,6 +68,29 @@ def outcome(summary: dict, metric: str) -> dict:
     }
 
 
+def band(run_dir: Path) -> str:
+    """The run's ``objective.tb_trust_region`` as its saved config says ("none": plain TB)."""
+    import yaml
+
+    objective = yaml.safe_load((run_dir / "config.yaml").read_text())["objective"]
+    return str(objective.get("tb_trust_region")).lower()
+
+
+def sampled(run_dir: Path) -> dict:
+    """The searchers' reward (and exact answers, where the task logs them) over the run's first and
+    last ten logged steps: what sampling made of the training, beside the greedy evaluation."""
+    from tba.metrics import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    found = {}
+    for key, name in (("searcher/reward_mean", "sampled"), ("reward/exact_mean", "exact")):
+        values = [r[key] for r in rows if key in r]
+        if len(values) >= 20:
+            found[f"{name}_first10"] = statistics.mean(values[:10])
+            found[f"{name}_last10"] = statistics.mean(values[-10:])
+    return found
+
+
 def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
     config, metric, _ = FIGURES[figure]
     name = f"{figure}-{runtime}-seed{seed}"
@@ -85,6 +108,8 @@ def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> di
         "seed": seed,
         **outcome(summary, metric),
         "wall_clock_s": round(wall, 1),
+        "tb_trust_region": band(out / name),
+        **sampled(out / name),
         "command": " ".join(["tba train", *args, *extra]),
     }
 

@@ -31,10 +31,10 @@ from tba.machine import describe_machine, machine_line
 from tba.metrics import read_metrics
 
 OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
-# trajectory balance as the demo trains it, and its trust regions for stale data
+# plain trajectory balance, and its trust regions for stale data
 OBJECTIVES = {
-    "tb": [],
-    "tb_trust": ["--objective.tb_trust_region=0.2"],
+    "tb": ["--objective.tb_trust_region=null"],
+    "tb_trust": ["--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=false"],
     "tb_trust_seq": ["--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=true"],
 }
 

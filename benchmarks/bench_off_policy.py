@@ -81,18 +81,24 @@ from tba.machine import describe_machine, machine_line
 OBJECTIVES = ["tb", "rloo", "rloo_proximal", "ppo", "grpo", "dr_grpo", "online_dpo"]
 HARD = ["--task.digits=3"]
 OBJECTIVE_ARGS = {name: [f"--objective.type={name}"] for name in OBJECTIVES}
+# ``tb`` is plain trajectory balance (its default became the sequence band: tb_trust_region auto)
+OBJECTIVE_ARGS["tb"] = ["--objective.type=tb", "--objective.tb_trust_region=null"]
 OBJECTIVE_ARGS["rloo_proximal"] = ["--objective.type=rloo", "--objective.rloo_proximal=true"]
 # trajectory balance's settings for stale data, each at a typical value (see objective.tb_* in the config)
 VARIANTS = {
-    "tb_trust": ["--objective.type=tb", "--objective.tb_trust_region=0.2"],
+    "tb_trust": [
+        "--objective.type=tb",
+        "--objective.tb_trust_region=0.2",
+        "--objective.tb_trust_region_sequence=false",
+    ],
     "tb_trust_seq": [
         "--objective.type=tb",
         "--objective.tb_trust_region=0.2",
         "--objective.tb_trust_region_sequence=true",
     ],
-    "tb_m2": ["--objective.type=tb", "--objective.tb_m2_threshold=0.04"],
-    "tb_huber": ["--objective.type=tb", "--objective.tb_huber=1.0"],
-    "tb_ess": ["--objective.type=tb", "--objective.tb_ess_lr=true"],
+    "tb_m2": ["--objective.type=tb", "--objective.tb_m2_threshold=0.04", "--objective.tb_trust_region=null"],
+    "tb_huber": ["--objective.type=tb", "--objective.tb_huber=1.0", "--objective.tb_trust_region=null"],
+    "tb_ess": ["--objective.type=tb", "--objective.tb_ess_lr=true", "--objective.tb_trust_region=null"],
 }
 OBJECTIVE_ARGS.update(VARIANTS)
 # the variants that only mask terms: on-policy (ratio 1 up to rounding, far inside any band) the mask

@@ -41,23 +41,25 @@ TASK = ROOT / "benchmarks" / "word_problems"
 # The settings compared: name -> overrides of run.yaml. Every config names buffer.flat_weight: the
 # study began with 1 (uniform draws) as the default, and the default became 0 from what it measured.
 UNIFORM = "--buffer.flat_weight=1"
+# Every TB config here is plain trajectory balance (measured before the sequence band became TB's default)
+PLAIN = "--objective.tb_trust_region=null"
 CONFIGS: dict[str, list[str]] = {
-    "sync_tb": ["--runtime.type=sync", UNIFORM],
-    "ray_tb": ["--runtime.type=ray", UNIFORM],
+    "sync_tb": ["--runtime.type=sync", UNIFORM, PLAIN],
+    "ray_tb": ["--runtime.type=ray", UNIFORM, PLAIN],
     "ray_grpo": ["--runtime.type=ray", "--objective.type=grpo", UNIFORM],
-    "sync_tb_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2", UNIFORM],  # the ray runtime's lag, exactly
+    "sync_tb_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2", UNIFORM, PLAIN],  # the ray runtime's lag, exactly
     # the ray runtime with the trainer waiting for data at most one version stale
-    "ray_tb_maxlag1": ["--runtime.type=ray", "--runtime.max_lag=1", UNIFORM],
+    "ray_tb_maxlag1": ["--runtime.type=ray", "--runtime.max_lag=1", UNIFORM, PLAIN],
     # sync drawing 8 of 24 fresh groups a step, as the ray trainer did when its searcher outpaced it
-    "sync_tb_draw8of24": ["--runtime.type=sync", "--generation.prompts_per_batch=24", UNIFORM],
+    "sync_tb_draw8of24": ["--runtime.type=sync", "--generation.prompts_per_batch=24", UNIFORM, PLAIN],
     # recent groups with reward contrast first, flat ones only to fill a batch (the default now)
-    "ray_tb_flat0": ["--runtime.type=ray", "--buffer.flat_weight=0"],
+    "ray_tb_flat0": ["--runtime.type=ray", "--buffer.flat_weight=0", PLAIN],
     "ray_grpo_flat0": ["--runtime.type=ray", "--objective.type=grpo", "--buffer.flat_weight=0"],
-    "sync_tb_flat0": ["--runtime.type=sync", "--buffer.flat_weight=0"],
+    "sync_tb_flat0": ["--runtime.type=sync", "--buffer.flat_weight=0", PLAIN],
     # trajectory balance with the clip that was the default before trainer.grad_clip=auto
-    "sync_tb_clip1": ["--runtime.type=sync", "--trainer.grad_clip=1.0", UNIFORM],
-    "ray_tb_clip1": ["--runtime.type=ray", "--trainer.grad_clip=1.0", UNIFORM],
-    "sync_tb_lag2_clip1": ["--runtime.type=sync", "--runtime.extra_lag=2", "--trainer.grad_clip=1.0", UNIFORM],
+    "sync_tb_clip1": ["--runtime.type=sync", "--trainer.grad_clip=1.0", UNIFORM, PLAIN],
+    "ray_tb_clip1": ["--runtime.type=ray", "--trainer.grad_clip=1.0", UNIFORM, PLAIN],
+    "sync_tb_lag2_clip1": ["--runtime.type=sync", "--runtime.extra_lag=2", "--trainer.grad_clip=1.0", UNIFORM, PLAIN],
 }
 
 

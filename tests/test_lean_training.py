@@ -259,7 +259,7 @@ def step_gradients(tiny_model, tokenizer, batch: Batch, objective: str, **traine
         ReplayBuffer(),
         LocalWeightStore(),
         cfg,
-        ObjectiveConfig(type=objective, beta=0.5),
+        ObjectiveConfig(type=objective, beta=0.5, tb_trust_region=None),  # the band has its own tests
         batch.group_size,
         tokenizer.pad_token_id,
         {tokenizer.eos_token_id},

@@ -128,7 +128,7 @@ def test_a_trainer_whose_model_cannot_pack_pads_with_one_warning(tiny_model, tok
             ReplayBuffer(),
             LocalWeightStore(),
             TrainerConfig(warmup_steps=0),
-            ObjectiveConfig(),
+            ObjectiveConfig(tb_trust_region=None),
             batch.group_size,
             tokenizer.pad_token_id,
             {tokenizer.eos_token_id},

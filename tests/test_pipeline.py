@@ -142,7 +142,14 @@ def test_searcher_counts_and_skips_bad_rewards(tiny_model, tokenizer):
 def make_trainer(model, tokenizer, buffer, weights, beta=0.5, **overrides):
     cfg = TrainerConfig(**{"batch_prompts": 4, "lr": 1e-3, "warmup_steps": 0, "sync_interval": 2, **overrides})
     return Trainer(
-        model, buffer, weights, cfg, ObjectiveConfig(beta=beta), 4, tokenizer.pad_token_id, {tokenizer.eos_token_id}
+        model,
+        buffer,
+        weights,
+        cfg,
+        ObjectiveConfig(beta=beta, tb_trust_region=None),  # synthetic groups carry no sampler log-probs
+        4,
+        tokenizer.pad_token_id,
+        {tokenizer.eos_token_id},
     )
 
 
@@ -325,16 +332,35 @@ def test_every_objective_trains_from_searcher_data(tokenizer, objective):
     assert m["train/skipped_steps"] == 0
 
 
-def test_generator_token_logps_match_teacher_forcing(tiny_model, tokenizer):
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=3, max_new_tokens=5, logprobs=True),
+        # from the sampling pass: log π at temperature 1 from the model's own logits, whatever the
+        # sampler's temperature, top-p and EOS mask (min_new_tokens) did to pick the token
+        SamplingParams(n=3, max_new_tokens=5, logprobs=True, sampled_logprobs=True),
+        SamplingParams(
+            n=3, temperature=0.7, top_p=0.9, max_new_tokens=6, min_new_tokens=2, logprobs=True, sampled_logprobs=True
+        ),
+    ],
+    ids=["teacher_forced", "sampled", "sampled_warped"],
+)
+def test_generator_token_logps_match_teacher_forcing(tiny_model, tokenizer, params, monkeypatch):
+    from tba.generation import hf
     from tba.models.logprobs import token_logprobs
 
+    if params.sampled_logprobs:  # no second pass
+        monkeypatch.setattr(hf, "token_logprobs", lambda *a, **k: pytest.fail("teacher-forced pass"))
     torch.manual_seed(0)
     eos = tokenizer.eos_token_id
     prompts = [tokenizer("1+2=")["input_ids"], tokenizer("33+4=")["input_ids"]]
     gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {eos})
-    outs = gen.generate(prompts, SamplingParams(n=3, max_new_tokens=5, logprobs=True))
+    hooks = len(tiny_model._forward_hooks)
+    outs = gen.generate(prompts, params)
+    assert len(tiny_model._forward_hooks) == hooks  # the sampled path's hook is gone
     for prompt, group in zip(prompts, outs, strict=True):
         for c in group:
+            assert len(c.token_logps) == len(c.token_ids) >= params.min_new_tokens
             expected, _ = token_logprobs(tiny_model, [prompt], [c.token_ids], tokenizer.pad_token_id, eos)
             # generation's cached, one-position-at-a-time forward against the whole sequence's
             terms = model_terms(tiny_model.config, len(prompt) + len(c.token_ids))

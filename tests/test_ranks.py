@@ -147,6 +147,7 @@ def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
             "--trainer.lr=1e-3",
             "--runtime.rank_cpus=0.5",
             f"--trainer.num_ranks={ranks}",
+            "--objective.tb_trust_region=null",  # synthetic groups carry no sampler log-probs
             *extra,
         ],
     )

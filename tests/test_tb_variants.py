@@ -16,6 +16,8 @@ from tba.objectives import huber_square, m2_keep, normalised_ess, tb_loss, tb_tr
 
 T = torch.tensor
 
+PLAIN = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=None)  # trajectory balance without the band
+
 
 def _one_prompt(shift: float):
     """K = 2, β = 1: log π = (−1, −3), rewards (1, 0), reference 0, so δ = (−2, −3), log Ẑ = 2.5 and
@@ -157,15 +159,16 @@ def assert_same_adam_step(variant, plain, trainer, start, lr: float = 1e-3) -> N
 @pytest.mark.parametrize(
     "setting",
     [
+        {},  # the default: the sequence band (tb_trust_region auto, 0.5)
+        {"tb_trust_region": 0.2, "tb_trust_region_sequence": False},
         {"tb_trust_region": 0.2},
-        {"tb_trust_region": 0.2, "tb_trust_region_sequence": True},
-        {"tb_m2_threshold": 0.04},
-        {"tb_ess_lr": True},
+        {"tb_m2_threshold": 0.04, "tb_trust_region": None},
+        {"tb_ess_lr": True, "tb_trust_region": None},
     ],
-    ids=lambda s: "+".join(s),
+    ids=lambda s: "+".join(f"{k}={v}" for k, v in s.items()) or "default",
 )
 def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
-    plain, _, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
+    plain, _, _, _ = _step(tokenizer, PLAIN, 0.0)
     variant, metrics, trainer, start = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, **setting), 0.0)
     assert trainer.objective.needs_sampler_logps
     assert plain.abs().max() > 0
@@ -180,7 +183,7 @@ def test_trainer_passes_the_sequence_band(tokenizer):
     """Sampler 0.15 below the trainer per token, completions of 2-3 tokens: inside a per-token band
     of 0.2, outside a sequence band of 0.2, so only the sequence setting drops terms (those whose
     residual is negative, about half)."""
-    per_token = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2)
+    per_token = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2, tb_trust_region_sequence=False)
     _, metrics, _, _ = _step(tokenizer, per_token, -0.15)
     assert metrics["train/tb_dropped"] == 0.0
     sequence = ObjectiveConfig(type="tb", beta=0.1, tb_trust_region=0.2, tb_trust_region_sequence=True)
@@ -198,15 +201,15 @@ def test_ess_lr_scales_the_step_by_the_batch_ess(tokenizer):
     different weights 2^|y|, the batch's ESS is below 1, and the step equals a plain TB step whose
     learning rate is lr x ESS."""
     variant, metrics, trainer, start = _step(
-        tokenizer, ObjectiveConfig(type="tb", beta=0.1, tb_ess_lr=True), -math.log(2)
+        tokenizer, ObjectiveConfig(type="tb", beta=0.1, tb_ess_lr=True, tb_trust_region=None), -math.log(2)
     )
-    _, batch = batch_and_trainer(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0)
+    _, batch = batch_and_trainer(tokenizer, PLAIN, 0.0)
     lengths = torch.tensor([len(r.completion) for r in batch.rollouts], dtype=torch.float64)
     ess = normalised_ess(lengths * math.log(2))
     assert 0.5 < ess < 1
     # the trainer's ESS from float32 log-prob sums of the 8 completions
     assert_reordered_close(metrics["train/tb_ess"], ess, terms=reorder_terms(trainer))
-    plain, _, _, _ = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1), 0.0, lr=1e-3 * ess)
+    plain, _, _, _ = _step(tokenizer, PLAIN, 0.0, lr=1e-3 * ess)
     assert_same_adam_step(variant, plain, trainer, start, lr=1e-3 * ess)
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-4)  # next step: the schedule's again
 
@@ -217,7 +220,7 @@ def test_tb_steps_unclipped_by_default_and_clipped_when_asked(tokenizer):
     the gradient as the optimizer took it."""
 
     def first_moment(grad_clip):
-        trainer, batch = batch_and_trainer(tokenizer, ObjectiveConfig(type="tb", beta=0.1), shift=0.0)
+        trainer, batch = batch_and_trainer(tokenizer, PLAIN, shift=0.0)
         trainer.cfg = trainer.cfg.model_copy(update={"grad_clip": grad_clip})
         metrics = trainer.update(batch)
         params = [p for p in trainer.model.parameters() if p.requires_grad]
@@ -241,7 +244,14 @@ def test_tb_steps_unclipped_by_default_and_clipped_when_asked(tokenizer):
 def test_variants_are_tb_settings():
     with pytest.raises(ConfigError, match="objective.tb_trust_region.*objective.type=tb"):
         load_config(None, ["--objective.type=grpo", "--objective.tb_trust_region=0.2"])
-    with pytest.raises(ConfigError, match="tb_trust_region_sequence.*set objective.tb_trust_region too"):
-        load_config(None, ["--objective.tb_trust_region_sequence=true"])
-    assert not ObjectiveConfig(type="tb", tb_huber=1.0).needs_sampler_logps  # the residual alone
+    with pytest.raises(ConfigError, match="tb_trust_region must be positive"):
+        load_config(None, ["--objective.tb_trust_region=0"])
+    # the default: the sequence band for tb, nothing for the others (no error either)
+    assert load_config(None, []).objective.trust_region == 0.5
+    assert load_config(None, []).objective.tb_trust_region_sequence
+    assert load_config(None, ["--objective.type=grpo"]).objective.trust_region is None
+    assert not ObjectiveConfig(type="online_dpo").needs_sampler_logps
+    plain = load_config(None, ["--objective.tb_trust_region=null"]).objective
+    assert plain.trust_region is None and not plain.needs_sampler_logps
+    assert not ObjectiveConfig(type="tb", tb_huber=1.0, tb_trust_region=None).needs_sampler_logps  # the residual alone
     assert ObjectiveConfig(type="tb", tb_m2_threshold=0.04).needs_sampler_logps

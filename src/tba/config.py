@@ -522,12 +522,16 @@ class ObjectiveConfig(_Section):
     """``tb``: multiply the loss by β² so annealing β does not change the effective step size."""
     ref_reset_every: int | None = Field(None, ge=1)
     """``tb``: every ρ trainer steps the reference becomes the current policy (the paper's TBA′)."""
-    tb_trust_region: float | None = Field(None, gt=0)
+    tb_trust_region: float | Literal["auto"] | None = "auto"
     """``tb`` on stale data: drop a completion's term when its gradient would push the policy further
-    than τ from the sampler in length-normalised log-ratio (PPO's clip on the TB residual). Typical: 0.2."""
-    tb_trust_region_sequence: bool = False
-    """``tb_trust_region`` on the sequence log-ratio (summed over tokens, as proximal RLOO clips it)
-    instead of its per-token mean: the band on a sequence's probability no longer widens with its length."""
+    than τ from its sampler in log-ratio (PPO's clip on the TB residual); None: plain TB. ``auto``:
+    0.5 for ``tb`` (none for the other objectives). Two steps of staleness cost plain TB most of its
+    gain on small batches; this band gives it back in both runtimes (docs: Runtimes, "What staleness
+    costs trajectory balance"). It needs the sampler's token log-probs: HF generation takes them from
+    its own sampling pass, vLLM returns them."""
+    tb_trust_region_sequence: bool = True
+    """``tb_trust_region`` on the sequence log-ratio (summed over tokens, as proximal RLOO clips it);
+    false: on its per-token mean, a band on a sequence's probability that widens with its length."""
     tb_m2_threshold: float | None = Field(None, gt=0)
     """``tb`` on stale data: drop the completions whose mean squared token log-ratio to the sampler is
     largest, until the batch's mean of it is at most this (M2PO's rule, per sequence). Typical: 0.04."""
@@ -561,13 +565,8 @@ class ObjectiveConfig(_Section):
         variants = [
             f"objective.{key}"
             for key in ("tb_trust_region", "tb_m2_threshold", "tb_huber")
-            if getattr(self, key) is not None
+            if getattr(self, key) not in (None, "auto")
         ] + (["objective.tb_ess_lr"] if self.tb_ess_lr else [])
-        if self.tb_trust_region_sequence and self.tb_trust_region is None:
-            raise ValueError(
-                "objective.tb_trust_region_sequence says how tb_trust_region measures the log-ratio; "
-                "set objective.tb_trust_region too (typical: 0.2)"
-            )
         if variants and self.type != "tb":
             raise ValueError(f"{', '.join(variants)} change(s) trajectory balance: set objective.type=tb or unset it")
         if self.tis_cap is not None and self.type in ("tb", "online_dpo"):
@@ -577,10 +576,24 @@ class ObjectiveConfig(_Section):
             )
         return self
 
+    @field_validator("tb_trust_region")
+    @classmethod
+    def _positive_band(cls, value):
+        if isinstance(value, float | int) and not value > 0:
+            raise ValueError(f"tb_trust_region must be positive, None (plain TB) or 'auto', got {value}")
+        return value
+
+    @property
+    def trust_region(self) -> float | None:
+        """``tb_trust_region`` with ``auto`` resolved: 0.5 for ``tb``, None otherwise."""
+        if self.tb_trust_region == "auto":
+            return 0.5 if self.type == "tb" else None
+        return self.tb_trust_region
+
     @property
     def needs_sampler_logps(self) -> bool:
         """Whether searchers must record the sampling policy's per-token log-probs."""
-        tb_variant = self.tb_trust_region is not None or self.tb_m2_threshold is not None or self.tb_ess_lr
+        tb_variant = self.trust_region is not None or self.tb_m2_threshold is not None or self.tb_ess_lr
         return (
             self.type in ("grpo", "dr_grpo", "ppo")
             or (self.type == "rloo" and (self.rloo_proximal or self.tis_cap is not None))

@@ -503,7 +503,7 @@ class Trainer:
                 sampler_token_logp=sampler,
                 token_logp=token_logp,
                 mask=mask,
-                trust_region=o.tb_trust_region,
+                trust_region=o.trust_region,
                 trust_region_sequence=o.tb_trust_region_sequence,
                 m2_threshold=o.tb_m2_threshold,
                 huber=o.tb_huber,

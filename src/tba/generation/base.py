@@ -19,6 +19,10 @@ class SamplingParams:
     min_new_tokens: int = 0  # EOS is masked until a completion has this many tokens
     greedy: bool = False
     logprobs: bool = False  # also return each completion token's log-prob under the sampling policy
+    # HF: take them from the logits the sampling pass computed (no second pass; within the precision's
+    # rounding of the trainer's pass: enough for TB's band) rather than a teacher-forced pass with the
+    # trainer's own code (ratios start at exactly 1, as the ratio objectives' clip assumes)
+    sampled_logprobs: bool = False
 
 
 @dataclass

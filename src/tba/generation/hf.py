@@ -3,10 +3,45 @@
 from __future__ import annotations
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from tba.generation.base import Completion, SamplingParams
-from tba.models.logprobs import token_logprobs, truncate_at_eos
+from tba.models.logprobs import token_logprobs, truncate_at_eos, unwrap
 from tba.models.lora import load_published_state
+
+
+class SampledLogprobs(StoppingCriteria):
+    """Each sampled token's log-prob at temperature 1 from the logits ``generate`` computed to sample
+    it: no second forward pass. A forward hook on the transformers model keeps the last position's
+    logits (the model's own output: soft-capped or scaled ones included, before any sampling
+    processor); ``generate`` calls a stopping criterion once per new token, after appending it, so
+    the criterion reads the token and takes its log-prob from the logits just kept. It never stops
+    generation. ``rows()`` is ``[N, steps]`` fp32, or None if a step came without its forward (the
+    caller then takes the teacher-forced pass)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._logits: torch.Tensor | None = None
+        self._rows: list[torch.Tensor] = []
+        self._complete = True
+        self._handle = unwrap(model).register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        logits = getattr(output, "logits", None)
+        self._logits = None if logits is None else logits[:, -1]
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        if self._logits is None:
+            self._complete = False
+        elif self._complete:
+            logits = self._logits.float()
+            token = input_ids[:, -1:].to(logits.device)
+            self._rows.append(logits.gather(1, token).squeeze(1) - logits.logsumexp(-1))
+        self._logits = None
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def rows(self) -> torch.Tensor | None:
+        self._handle.remove()
+        return torch.stack(self._rows, 1).cpu() if self._complete and self._rows else None
 
 
 class HFGenerator:
@@ -35,16 +70,21 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
-        out = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=attn.to(device),
-            do_sample=not params.greedy,
-            max_new_tokens=params.max_new_tokens,
-            min_new_tokens=params.min_new_tokens or None,  # masks every EOS id until then
-            eos_token_id=sorted(self.eos_ids),
-            pad_token_id=self.pad_id,
-            **sampling,
-        )
+        sampled = SampledLogprobs(self.model) if params.logprobs and params.sampled_logprobs else None
+        try:
+            out = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=attn.to(device),
+                do_sample=not params.greedy,
+                max_new_tokens=params.max_new_tokens,
+                min_new_tokens=params.min_new_tokens or None,  # masks every EOS id until then
+                eos_token_id=sorted(self.eos_ids),
+                pad_token_id=self.pad_id,
+                stopping_criteria=StoppingCriteriaList([sampled]) if sampled else None,
+                **sampling,
+            )
+        finally:
+            logps = sampled.rows() if sampled else None
         self.model.train(was_training)
         new = out[:, width:].tolist()  # [N, <=max_new_tokens]
         completions = []
@@ -52,7 +92,10 @@ class HFGenerator:
             tokens = truncate_at_eos(row, self.eos_ids)
             finished = bool(tokens) and tokens[-1] in self.eos_ids
             completions.append(Completion(tokens, finished))
-        if params.logprobs:  # teacher-forced, with the same code the trainer uses: ratios start at 1
+        if logps is not None:  # from the sampling pass itself
+            for i, c in enumerate(completions):
+                c.token_logps = logps[i, : len(c.token_ids)].tolist() if c.token_ids else None
+        elif params.logprobs:  # teacher-forced, with the same code the trainer uses: ratios start at 1
             nonempty = [i for i, c in enumerate(completions) if c.token_ids]
             if nonempty:
                 logp, mask = token_logprobs(

@@ -137,7 +137,10 @@ def hf_continuous_problem(generator, params: SamplingParams) -> str | None:
     if hasattr(generator.model, "peft_config"):
         return "a LoRA policy (its reference is the same module, adapter off, called between engine steps)"
     if params.logprobs:
-        return "the objective needs the sampler's token log-probs (computed teacher-forced, as the trainer does)"
+        return (
+            "the objective needs the sampler's token log-probs at temperature 1, which the engine does not give "
+            "(for tb: its band, objective.tb_trust_region; null is plain TB)"
+        )
     if params.min_new_tokens:
         return "generation.min_new_tokens (continuous batching has no minimum length)"
     return None

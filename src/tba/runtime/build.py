@@ -168,8 +168,7 @@ def make_searcher(
     searcher_id: int = 0,
     gpu_share: float | None = None,
 ) -> Searcher:
-    """A searcher over ``sampler`` (with the vLLM backend, whose engine holds the policy: None, or a
-    LoRA policy's PEFT copy)."""
+    """A searcher over ``sampler`` (vLLM: None, its engine holds the policy; or a LoRA policy's copy)."""
     g, t = cfg.generation, cfg.trainer
     eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference)
     temperature = (
@@ -191,6 +190,7 @@ def make_searcher(
         max_new_tokens=g.max_new_tokens,
         min_new_tokens=g.min_new_tokens,
         logprobs=cfg.objective.needs_sampler_logps,
+        sampled_logprobs=cfg.objective.type == "tb",
     )
     kind, streaming = Searcher, {}
     device_type = resolve_device(cfg.run.device).type

@@ -25,7 +25,7 @@ SIGNALS = (
 RATES = ("eval/accuracy", "eval/win_rate", "eval/attack_success_rate")
 LOWER_LR = "A lower trainer.lr steadies a run that swings."
 BAND = (
-    "The sequence band (objective.tb_trust_region=0.5 with objective.tb_trust_region_sequence=true) "
+    "The sequence band (objective.tb_trust_region=auto, the default: 0.5 on the sequence log-ratio) "
     "steadied trajectory balance where plain TB fell (docs/runtimes.md, 'What staleness costs trajectory balance'); "
     "so does a lower trainer.lr."
 )
@@ -33,7 +33,7 @@ BAND = (
 
 def remedy(objective) -> str:
     """What to suggest after a fall: the sequence band for plain trajectory balance."""
-    return BAND if objective.type == "tb" and objective.tb_trust_region is None else LOWER_LR
+    return BAND if objective.type == "tb" and objective.trust_region is None else LOWER_LR
 
 
 def _summarise(values: list[float], how: str) -> float:
