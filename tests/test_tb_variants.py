@@ -250,6 +250,11 @@ def test_variants_are_tb_settings():
     assert load_config(None, []).objective.trust_region == 0.5
     assert load_config(None, []).objective.tb_trust_region_sequence
     assert load_config(None, ["--objective.type=grpo"]).objective.trust_region is None
+    # the ray runtime (the default) and sync with lagging searchers: the band; sync on-policy: plain TB
+    assert load_config(None, ["--runtime.type=sync", "--runtime.extra_lag=2"]).objective.trust_region == 0.5
+    on_policy = load_config(None, ["--runtime.type=sync"]).objective
+    assert on_policy.trust_region is None and not on_policy.needs_sampler_logps
+    assert load_config(None, ["--runtime.type=sync", "--objective.tb_trust_region=0.2"]).objective.trust_region == 0.2
     assert not ObjectiveConfig(type="online_dpo").needs_sampler_logps
     plain = load_config(None, ["--objective.tb_trust_region=null"]).objective
     assert plain.trust_region is None and not plain.needs_sampler_logps

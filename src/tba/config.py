@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tba.errors import UserError
 
@@ -525,10 +525,10 @@ class ObjectiveConfig(_Section):
     tb_trust_region: float | Literal["auto"] | None = "auto"
     """``tb`` on stale data: drop a completion's term when its gradient would push the policy further
     than τ from its sampler in log-ratio (PPO's clip on the TB residual); None: plain TB. ``auto``:
-    0.5 for ``tb`` (none for the other objectives). Two steps of staleness cost plain TB most of its
-    gain on small batches; this band gives it back in both runtimes (docs: Runtimes, "What staleness
-    costs trajectory balance"). It needs the sampler's token log-probs: HF generation takes them from
-    its own sampling pass, vLLM returns them."""
+    0.5 for ``tb`` where the data is stale by design (the ray runtime, or ``runtime.extra_lag`` > 0),
+    plain TB otherwise. Two steps of staleness cost plain TB most of its gain on small batches; this
+    band gives it back (docs: Runtimes, "What staleness costs trajectory balance"). It needs the
+    sampler's token log-probs: HF generation takes them from its own sampling pass, vLLM returns them."""
     tb_trust_region_sequence: bool = True
     """``tb_trust_region`` on the sequence log-ratio (summed over tokens, as proximal RLOO clips it);
     false: on its per-token mean, a band on a sequence's probability that widens with its length."""
@@ -583,11 +583,14 @@ class ObjectiveConfig(_Section):
             raise ValueError(f"tb_trust_region must be positive, None (plain TB) or 'auto', got {value}")
         return value
 
+    # whether the runtime trains on data stale by design (set by Config from the runtime section)
+    _stale_by_design: bool = PrivateAttr(True)
+
     @property
     def trust_region(self) -> float | None:
-        """``tb_trust_region`` with ``auto`` resolved: 0.5 for ``tb``, None otherwise."""
+        """``tb_trust_region`` with ``auto`` resolved: 0.5 for ``tb`` on data stale by design, else None."""
         if self.tb_trust_region == "auto":
-            return 0.5 if self.type == "tb" else None
+            return 0.5 if self.type == "tb" and self._stale_by_design else None
         return self.tb_trust_region
 
     @property
@@ -876,6 +879,13 @@ class Config(_Section):
         if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
             data = {**data, "task": {"name": "arithmetic", **data["task"]}}
         return data
+
+    @model_validator(mode="after")
+    def _objective_knows_its_staleness(self) -> Config:
+        # tb_trust_region auto: the band where the searchers' weights lag by design. In the sync
+        # runtime it steadied small batches but cost the tool demo 4.5 points (benchmarks/README.md)
+        self.objective._stale_by_design = self.runtime.type == "ray" or self.runtime.extra_lag > 0
+        return self
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
