@@ -27,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from tba.config import load_config
 from tba.machine import describe_machine, machine_line
+from tba.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
@@ -69,18 +71,13 @@ def outcome(summary: dict, metric: str) -> dict:
 
 
 def band(run_dir: Path) -> str:
-    """The run's ``objective.tb_trust_region`` as its saved config says ("none": plain TB)."""
-    import yaml
-
-    objective = yaml.safe_load((run_dir / "config.yaml").read_text())["objective"]
-    return str(objective.get("tb_trust_region")).lower()
+    """The band the run trained with, ``auto`` resolved from its saved config ("none": plain TB)."""
+    return str(load_config(run_dir / "config.yaml", []).objective.trust_region).lower()
 
 
 def sampled(run_dir: Path) -> dict:
     """The searchers' reward (and exact answers, where the task logs them) over the run's first and
     last ten logged steps: what sampling made of the training, beside the greedy evaluation."""
-    from tba.metrics import read_metrics
-
     rows = read_metrics(run_dir / "metrics.jsonl")
     found = {}
     for key, name in (("searcher/reward_mean", "sampled"), ("reward/exact_mean", "exact")):

@@ -55,8 +55,9 @@ def test_the_advice_after_a_fall_names_the_sequence_band_for_plain_trajectory_ba
     from tba.runtime.health import BAND, LOWER_LR, remedy
 
     assert remedy(load_config(None, ["--objective.tb_trust_region=null"]).objective) == BAND
+    assert remedy(load_config(None, ["--runtime.type=sync"]).objective) == BAND  # auto: plain TB in sync
     assert remedy(load_config(None, ["--objective.type=grpo"]).objective) == LOWER_LR
     assert remedy(load_config(None, []).objective) == LOWER_LR  # the band is TB's default
     assert remedy(load_config(None, ["--objective.tb_trust_region=0.2"]).objective) == LOWER_LR
-    watch = FallWatch("eval/accuracy", 0.5, problems=256, remedy=BAND)
+    watch = FallWatch("eval/accuracy", 0.5, problems=256, advice=BAND)
     assert watch.observe(10, {"eval/accuracy": 0.1}).endswith(BAND)

@@ -25,7 +25,7 @@ SIGNALS = (
 RATES = ("eval/accuracy", "eval/win_rate", "eval/attack_success_rate")
 LOWER_LR = "A lower trainer.lr steadies a run that swings."
 BAND = (
-    "The sequence band (objective.tb_trust_region=auto, the default: 0.5 on the sequence log-ratio) "
+    "The sequence band (objective.tb_trust_region=0.5 on the sequence log-ratio, the ray runtime's default) "
     "steadied trajectory balance where plain TB fell (docs/runtimes.md, 'What staleness costs trajectory balance'); "
     "so does a lower trainer.lr."
 )
@@ -57,9 +57,9 @@ class FallWatch:
     evaluation has come back above the line."""
 
     def __init__(
-        self, key: str, initial: float | None = None, problems: float | None = None, remedy: str = LOWER_LR
+        self, key: str, initial: float | None = None, problems: float | None = None, advice: str = LOWER_LR
     ) -> None:
-        self.key, self.remedy = key, remedy
+        self.key, self.advice = key, advice
         self.initial = initial
         self.margin = 0.0
         if initial is not None:
@@ -86,7 +86,7 @@ class FallWatch:
         """A resumed run's watch: the start is the first evaluation in ``metrics.jsonl``."""
         evals = [r for r in history if r.get(key) is not None]
         if not evals:
-            return cls(key, remedy=advice)
+            return cls(key, advice=advice)
         return cls(key, evals[0][key], evals[0].get("eval/problems"), advice)
 
     def observe(self, step: int, record: dict) -> str | None:
@@ -128,5 +128,5 @@ class FallWatch:
         preceded = f"; since the previous evaluation: {', '.join(parts)}" if parts else ""
         return (
             f"step {step}: {name} {show(float(value))} is below the start ({show(self.initial)}){preceded}. "
-            f"The run goes on. {self.remedy}"
+            f"The run goes on. {self.advice}"
         )
