@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from tba.config import load_config  # noqa: E402
 from tba.machine import describe_machine, machine_line  # noqa: E402
 from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama  # noqa: E402
+from tba.plan import make_plan  # noqa: E402
 from tba.runtime.ranks import RankGroup  # noqa: E402
 from tba.types import Batch, Rollout  # noqa: E402
 
@@ -77,7 +78,7 @@ def run(ranks: int, cpus: int, path: str, steps: int, batch: Batch, pad: int, eo
             f"--runtime.rank_cpus={cpus}",
         ],
     )
-    group = RankGroup(cfg, pad, {eos}, log=lambda m: None)
+    group = RankGroup(cfg, make_plan(cfg), pad, {eos}, log=lambda m: None)
     try:
         group.update(batch, 0)  # warm-up: AdamW allocates its state
         group.memory()

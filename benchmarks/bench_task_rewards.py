@@ -136,7 +136,9 @@ def bench_task(task_name: str, shape: str, batches: int, extra: list[str]) -> di
     import torch
 
     from tba.config import load_config
-    from tba.runtime.build import build_searcher, prepare_task
+    from tba.plan import make_plan
+    from tba.runtime.build import build_searcher
+    from tba.runtime.preflight import check_models, prepare_task
     from tba.runtime.run_dir import absolute_paths
     from tba.weights import LocalWeightStore
 
@@ -146,7 +148,9 @@ def bench_task(task_name: str, shape: str, batches: int, extra: list[str]) -> di
         cfg = absolute_paths(load_config(config, [*overrides, *extra]))
         prepare_task(cfg, log=lambda m: None)
         weights = LocalWeightStore()
-        searcher = build_searcher(cfg, weights, log=lambda m: None)
+        plan = make_plan(cfg)
+        check_models(cfg, plan, log=lambda m: None)
+        searcher = build_searcher(cfg, plan, weights, log=lambda m: None)
         weights.publish(searcher.generator.model.state_dict(), 0)
         timer = Timer()
         task = searcher.task

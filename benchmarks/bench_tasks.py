@@ -88,7 +88,9 @@ def bench_searcher(batches: int, task_name: str) -> dict:
     import torch
 
     from tba.config import load_config
-    from tba.runtime.build import build_searcher, prepare_task
+    from tba.plan import make_plan
+    from tba.runtime.build import build_searcher
+    from tba.runtime.preflight import check_models, prepare_task
     from tba.weights import LocalWeightStore
 
     torch.set_num_threads(1)
@@ -99,7 +101,9 @@ def bench_searcher(batches: int, task_name: str) -> dict:
     cfg = absolute_paths(cfg)
     prepare_task(cfg, log=lambda m: None)
     weights = LocalWeightStore()
-    searcher = build_searcher(cfg, weights, log=lambda m: None)
+    plan = make_plan(cfg)
+    check_models(cfg, plan, log=lambda m: None)
+    searcher = build_searcher(cfg, plan, weights, log=lambda m: None)
     weights.publish(searcher.generator.model.state_dict(), 0)
     task = searcher.task
     spent = {"sample": 0.0, "reward": 0.0}

@@ -60,7 +60,9 @@ def test_each_searcher_gets_its_own_settings(tiny_checkpoint):
     )
     c = build_components(cfg, log=lambda m: None)
     s = c.searcher
-    made = [make_searcher(cfg, c.task, c.tokenizer, s.generator.model, s.reference, s.weights, i) for i in range(3)]
+    made = [
+        make_searcher(cfg, c.plan, c.task, c.tokenizer, s.generator.model, s.reference, s.weights, i) for i in range(3)
+    ]
     assert [m.params.temperature for m in made] == [0.5, 1.0, 0.5]
     assert all(m.params.top_p == 0.9 for m in made)
     assert isinstance(made[1].generator, ExploringGenerator) and made[1].generator.temperature == (1.0, 1.1 / 0.7)

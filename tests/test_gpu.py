@@ -143,3 +143,25 @@ def test_a_trainer_step_stays_on_the_device_and_reports_cuda_peak(tiny_model, to
     assert peak.read() > 0
     published = trainer.published_state()
     assert all(v.device.type == "cuda" for v in published.values())
+
+
+def test_a_gpu_publication_is_staged_in_pinned_buffers_and_frees_the_optimizer_early():
+    from tba.weights import BackgroundPublisher
+
+    store = LocalWeightStore(keep=4)
+    publisher = BackgroundPublisher(store)
+    live = {"w": torch.randn(1024, 1024, device=CUDA), "b": torch.arange(7, device=CUDA)}
+    expected = {k: v.cpu() for k, v in live.items()}
+    publisher.publish(live, 0, aliases=True)  # fp32 without a cast: the live weights
+    publisher.settle()  # the copy to the host has landed
+    live["w"].add_(1.0)  # an optimizer step now cannot reach the publication
+    publisher.flush()
+    version, got = store.fetch(-1)
+    assert version == 0 and all(torch.equal(got[k], expected[k]) for k in expected)
+    first = publisher._pinned["w"]
+    assert first.is_pinned() and not got["w"].is_cuda
+    publisher.publish(live, 1, aliases=True)
+    publisher.flush()
+    assert publisher._pinned["w"] is first  # allocated once, reused
+    assert torch.equal(store.fetch(0)[1]["w"], live["w"].cpu())
+    publisher.close()

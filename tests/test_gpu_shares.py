@@ -1,5 +1,5 @@
-"""Which GPUs a run's processes take (``tba.runtime.cluster``): pure functions of the config and of
-what Ray has, so they are tested here without a GPU."""
+"""Which GPUs a run's processes take (``tba.plan`` decides the shares, ``tba.runtime.cluster`` starts
+Ray with them): pure functions of the config and of what Ray has, so they are tested here without a GPU."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import pytest
 import torch
 
 from tba.config import ConfigError, load_config
-from tba.runtime.cluster import actor_config, driver_device, gpu_shares, one_engine_at_a_time, searcher_gpu_ids
+from tba.plan import Hardware, actor_gpu_shares, make_plan
+from tba.runtime.cluster import driver_device, one_engine_at_a_time, searcher_gpu_ids
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+ONE_GPU = Hardware(cpus=16, gpus=1, bf16=True)
 
 
-def shares(overrides: list[str], ray_gpus: float, shared: bool = False, device=CUDA) -> tuple[float, float]:
-    cfg = gpu_shares(load_config(None, ["--run.device=cuda", *overrides]), device, ray_gpus, shared)
-    return cfg.runtime.searcher_gpus, cfg.eval.eval_gpus
+def shares(overrides: list[str], ray_gpus: float, shared: bool = False, device="cuda") -> tuple[float, float]:
+    return actor_gpu_shares(load_config(None, ["--run.device=cuda", *overrides]), device, ray_gpus, shared)
 
 
 def test_searchers_share_the_one_gpu_with_the_trainer():
@@ -35,8 +36,7 @@ def test_searchers_take_whole_gpus_while_there_are_enough_then_pack():
 def test_given_shares_are_kept_and_a_cpu_run_takes_no_gpu():
     assert shares(["--runtime.searcher_gpus=0.25", "--eval.async=true", "--eval.eval_gpus=1"], 1, True) == (0.25, 1.0)
     assert shares(["--runtime.searcher_gpus=0.25", "--eval.async=true"], 1, True) == (0.25, 0.5)
-    cfg = gpu_shares(load_config(None, []), CPU, ray_gpus=0, trainer_gpu_shared=False)
-    assert (cfg.runtime.searcher_gpus, cfg.eval.eval_gpus) == (0.0, 0.0)
+    assert actor_gpu_shares(load_config(None, []), "cpu", ray_gpus=0, trainer_gpu_shared=False) == (0.0, 0.0)
 
 
 def test_a_cuda_run_whose_actors_would_get_no_gpu_is_refused():
@@ -58,17 +58,22 @@ def test_the_driver_keeps_its_gpu_from_ray_unless_ray_ranks_hold_the_policy():
 
 
 def test_an_actor_names_its_gpu_as_ray_numbers_it():
-    data = load_config(None, ["--run.device=cuda:3"]).model_dump(mode="json")
-    assert actor_config(data, gpu_ids=[3]).run.device == "cuda"  # Ray made GPU 3 the actor's cuda:0
-    assert actor_config(data, gpu_ids=[]).run.device == "cuda:3"  # no GPU from Ray: left as given
-    assert actor_config(load_config(None, ["--run.device=cuda"]).model_dump(mode="json"), [0]).run.device == "cuda"
+    plan = make_plan(load_config(None, ["--run.device=cuda:3"]), Hardware(cpus=16, gpus=4, bf16=True))
+    assert plan.in_actor([3]).device == "cuda"  # Ray made GPU 3 the actor's cuda:0
+    assert plan.in_actor([]).device == "cuda:3"  # no GPU from Ray: left as given
+    assert make_plan(load_config(None, ["--run.device=cuda"]), ONE_GPU).in_actor([0]).device == "cuda"
 
 
 def test_vllm_engines_that_share_a_gpu_start_one_at_a_time():
-    vllm = ["--generation.backend=vllm"]
-    assert one_engine_at_a_time(load_config(None, vllm), CUDA, trainer_gpu_shared=True)
-    assert one_engine_at_a_time(load_config(None, [*vllm, "--runtime.searcher_gpus=0.5"]), CUDA, False)
-    assert one_engine_at_a_time(load_config(None, [*vllm, "--eval.async=true", "--eval.eval_gpus=0.5"]), CUDA, False)
-    assert not one_engine_at_a_time(load_config(None, [*vllm, "--runtime.searcher_gpus=1"]), CUDA, False)
-    assert not one_engine_at_a_time(load_config(None, []), CUDA, True)  # HF generation profiles nothing
-    assert not one_engine_at_a_time(load_config(None, vllm), CPU, True)  # a fixed KV cache size on a CPU
+    vllm = ["--generation.backend=vllm", "--runtime.type=ray"]
+
+    def alone(overrides: list[str], shared: bool, hardware: Hardware = ONE_GPU) -> bool:
+        cfg = load_config(None, overrides)
+        return one_engine_at_a_time(cfg, make_plan(cfg, hardware), trainer_gpu_shared=shared)
+
+    assert alone(vllm, shared=True)
+    assert alone([*vllm, "--runtime.searcher_gpus=0.5"], False)
+    assert alone([*vllm, "--eval.async=true", "--eval.eval_gpus=0.5"], False)
+    assert not alone([*vllm, "--runtime.searcher_gpus=1"], False, Hardware(cpus=16, gpus=2, bf16=True))
+    assert not alone(["--runtime.type=ray"], True)  # HF generation profiles nothing
+    assert not alone(vllm, True, Hardware(cpus=2))  # a fixed KV cache size on a CPU

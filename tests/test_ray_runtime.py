@@ -19,6 +19,7 @@ from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 from tba.config import load_config
 from tba.errors import ModelLoadError
 from tba.metrics import read_metrics
+from tba.plan import Plan
 from tba.runtime.async_loop import run_ray
 
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
@@ -43,6 +44,9 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     assert not ray.is_initialized()  # the local instance it started is gone
     assert summary["trainer_steps"] == steps and summary["runtime"] == "ray"
     assert 0 < summary["trainer_busy_fraction"] <= 1 and summary["lag_mean"] is not None
+
+    plan = Plan.load(run_dir)  # decided once, before anything loaded; the EOS ids once the tokenizer had
+    assert (plan.runtime, plan.lag_bound, plan.transport) == ("ray", k, "object_store") and plan.eos_ids
 
     rollouts = stored_rollouts(run_dir, steps)
     assert rollouts

@@ -65,8 +65,8 @@ def replay(batches_path: Path, run: Path) -> int:
         if "train/loss" in row:
             logged[row["step"]] = row
     cfg = load_config(str(run / "config.yaml"), ["--runtime.type=sync", f"--run.name={run.name}-replay"])
-    cfg, _, prepared = open_run(cfg, Console(stderr=True))
-    c = build_components(cfg, lambda m: None, with_searcher=False, prepared=prepared)
+    cfg, _, prepared, plan = open_run(cfg, Console(stderr=True))
+    c = build_components(cfg, lambda m: None, with_searcher=False, prepared=prepared, plan=plan)
     start = {k: v.detach().clone() for k, v in c.policy.state_dict().items()}
     c.trainer.publish()
     worst = 0.0

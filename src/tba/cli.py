@@ -20,7 +20,7 @@ from tba.config import ConfigError, dump_config, load_config
 from tba.errors import Terminated, UserError, interrupt_on_sigterm, report, sigterm_received
 from tba.runtime.errors import RunFailed
 
-USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--debug]
+USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--print-plan] [--debug]
 
 Without a config file, trains the built-in demo: a tiny model learning integer arithmetic.
 Examples:
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     train = sub.add_parser("train", usage=USAGE, help="train a policy (the built-in demo without a config)")
     train.add_argument("config", nargs="?", help="YAML config file; keys override the defaults")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument(
+        "--print-plan", action="store_true", help="print the run plan for this machine and exit (loads no model)"
+    )
     train.add_argument("--debug", action="store_true", help="show the traceback of a bad-input error too")
     sub.add_parser("eval", help="evaluate a run, a checkpoint or a model on its task (tba eval -h)", add_help=False)
     sub.add_parser("plot", help="plot and compare runs (tba plot -h)", add_help=False)
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] != "train" or any(a in ("-h", "--help") for a in argv[1:]):
         parser.parse_args(argv)  # usage, --version, --help and unknown commands
         return 2
-    debug = "--debug" in argv[1:]
+    debug, print_plan = "--debug" in argv[1:], "--print-plan" in argv[1:]
     try:
         config_path, overrides, print_config = split_train_args([a for a in argv[1:] if a != "--debug"])
         cfg = load_config(config_path, overrides)
@@ -69,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         return report(err, debug)
     if print_config:
         print(dump_config(cfg), end="")
+        return 0
+    if print_plan:  # the decisions tba train would take here, before anything loads
+        from tba.plan import make_plan
+        from tba.runtime.run_dir import absolute_paths
+
+        try:
+            print("\n".join(make_plan(absolute_paths(cfg)).lines()))
+        except ConfigError as err:
+            return report(err, debug)
         return 0
     if entry_point and cfg.runtime.type == "ray":
         try:
@@ -117,13 +129,16 @@ def run_or_clean_up(run, cfg) -> None:
 
 
 def split_train_args(args: list[str]) -> tuple[str | None, list[str], bool]:
-    """``[CONFIG] [--print-config] [--a.b=c | --a.b c ...]`` → (config path, overrides, print flag)."""
+    """``[CONFIG] [--print-config] [--print-plan] [--a.b=c | --a.b c ...]`` → (config path, overrides,
+    whether to print the config); ``--print-plan`` is left to the caller."""
     config_path, overrides, print_config = None, [], False
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == "--print-config":
             print_config = True
+        elif arg == "--print-plan":  # a flag main reads itself
+            pass
         elif arg.startswith("--"):
             overrides.append(arg)
             if "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--"):

@@ -105,17 +105,21 @@ class Searcher:
         self.engine_s = 0.0  # seconds spent generating
         self.started: float | None = None  # first step
         self.version = -1  # no weights loaded yet
+        self.fetch_s = self.load_s = 0.0  # the latest weight update's: fetched from the store, loaded
         self.last_reward_mean = float("nan")
         self.stats = SearcherStats()
         self.reward_stats = RewardStats()
 
     def pull_weights(self) -> bool:
         """Load the newest published weights if they are newer than ours."""
+        start = time.perf_counter()
         newest = self.weights.fetch(newer_than=self.version)
         if newest is None:
             return False
         version, state = newest
+        fetched = time.perf_counter()
         self._load(state, version)
+        self.fetch_s, self.load_s = fetched - start, time.perf_counter() - fetched
         self.version = version
         if self.ref_reset_every and version // self.ref_reset_every > self.ref_epoch:
             self.reference.load_state_dict(state)  # data already in the buffer keeps its old ref_logps
@@ -311,6 +315,8 @@ class Searcher:
             "searcher/oldest_version": float(self.oldest_version()),
             "searcher/reference_tokens_per_s": self.ref_tokens / self.ref_s if self.ref_s else 0.0,
             "searcher/reward_mean": self.last_reward_mean,
+            "weights/fetch_s": self.fetch_s,
+            "weights/load_s": self.load_s,
         }
         if self.conversations is not None:
             out.update(

@@ -49,7 +49,7 @@ from tba.objectives import (
 )
 from tba.schedules import beta_at, lr_multiplier
 from tba.types import Batch, RolloutGroup
-from tba.weights import WeightStore
+from tba.weights import BackgroundPublisher, WeightStore, shares_memory
 
 
 def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
@@ -220,6 +220,11 @@ class Trainer:
         self.empty_steps = 0  # steps with nothing to train on (:meth:`skip`)
         self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
         self._arrival_lag_max = 0
+        # publication on a thread (the ray runtime): what it cost the trainer's path since the last
+        # step's metrics, and the newest version searchers could fetch when the buffer last marked it
+        self.publisher = weights if isinstance(weights, BackgroundPublisher) else None
+        self._publish_path_s = 0.0
+        self._marked_version = -1
         self.ranks = ranks
         self._synced = -1  # the version whose weights ``model`` holds, with ranks
         self.packed, self.row_width = packing_choice(model, cfg)
@@ -255,20 +260,40 @@ class Trainer:
 
     def ingest(self, groups: list[RolloutGroup]) -> int:
         """Put arrived groups in the buffer; returns the number of new rollouts."""
+        self._mark_visible()
         for g in groups:  # how stale data is when it arrives: k - 1 plus the searcher's batch time
             self._arrival_lag_max = max(self._arrival_lag_max, self.version - g.policy_version)
         return sum(self.buffer.add(g, step=self.version) for g in groups)
 
     def publish(self) -> float:
         """Publish the current weights as version ``self.version`` (a LoRA policy's adapter only);
-        returns the seconds it took."""
+        returns the seconds it took the trainer. With a :class:`BackgroundPublisher` that is the
+        hand-over: the weights travel while the trainer goes on, and the buffer's recent window
+        starts when searchers can fetch them (:meth:`_mark_visible`)."""
         start = time.perf_counter()
         if self.ranks is not None:
             self.ranks.publish(self.weights, self.version, self.publish_dtype)
+        elif self.publisher is not None:
+            state = self.published_state()
+            self.publisher.publish(state, self.version, aliases=shares_memory(state, self.model))
         else:
             self.weights.publish(self.published_state(), self.version)
-        self.buffer.mark_sync()
+        if self.publisher is None:
+            self.buffer.mark_sync()
         return time.perf_counter() - start
+
+    def flush_publication(self) -> None:
+        """Wait until the weights handed over are where searchers fetch them (before searchers
+        start: they need a first version)."""
+        if self.publisher is not None:
+            self.publisher.flush()
+            self._mark_visible()
+
+    def _mark_visible(self) -> None:
+        """Start the buffer's recent window once a newer publication is visible to searchers."""
+        if self.publisher is not None and self.publisher.visible_version > self._marked_version:
+            self._marked_version = self.publisher.visible_version
+            self.buffer.mark_sync()
 
     def published_state(self) -> dict[str, torch.Tensor]:
         """What searchers load: the policy's state dict (a LoRA policy's adapter), floating tensors
@@ -287,6 +312,7 @@ class Trainer:
     def step(self, batch: Batch | None = None) -> dict[str, float]:
         """One optimizer step on ``batch``, by default one sampled from the replay buffer."""
         start = time.perf_counter()
+        self._mark_visible()
         if batch is None:
             batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
         metrics = self.ranks.update(batch, self.version) if self.ranks is not None else self.update(batch)
@@ -333,6 +359,11 @@ class Trainer:
         self.version += 1
         if self.version % self.cfg.sync_interval == 0:
             metrics["train/publish_s"] = self.publish()
+        if self.publisher is not None:  # the trainer's path: hand-over and waits before the optimizer
+            metrics["train/publish_s"] = metrics.get("train/publish_s", 0.0) + self._publish_path_s
+            self._publish_path_s = 0.0
+            metrics["weights/publish_background_s"] = self.publisher.last_background_s
+            metrics["weights/superseded"] = float(self.publisher.superseded)
         return metrics
 
     def skip_update(self) -> int:
@@ -368,6 +399,8 @@ class Trainer:
         clip = math.inf if clip is None else clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        if self.publisher is not None:  # a publication that reads these weights must finish first
+            self._publish_path_s += self.publisher.settle()
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:  # one bad batch must not poison the weights of a long run

@@ -3,12 +3,14 @@ newest one between two generation batches. For a LoRA policy the state dict hold
 tensors only (``tba.models.lora.published_state``); the stores treat both kinds alike.
 
 ``LocalWeightStore`` serves one process (the ``sync`` runtime, and tests). Transports for other
-processes implement the same three methods.
+processes implement the same three methods. :class:`BackgroundPublisher` puts a thread in front of
+any of them, so that the trainer does not wait while its weights travel.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Protocol
 
@@ -36,6 +38,13 @@ def to_host(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     process (``ray.put``, a remote call's arguments) copies them as it serializes. Tied entries
     stay one object (:func:`map_shared`), so they are copied and sent once."""
     return map_shared(state_dict, lambda v: v.detach().to("cpu"))
+
+
+def shares_memory(state_dict: dict[str, torch.Tensor], model: torch.nn.Module) -> bool:
+    """Whether any entry of ``state_dict`` lives in the memory of ``model``'s parameters or buffers
+    (no cast or copy made it its own), so that an optimizer step would change it."""
+    live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    return any(v.untyped_storage().data_ptr() in live for v in state_dict.values())
 
 
 class WeightStore(Protocol):
@@ -109,3 +118,152 @@ def publications_to_keep(delay: int, sync_interval: int) -> int:
     """Publications a store must keep so that one at least ``delay`` versions old is among them
     (one every ``sync_interval`` versions)."""
     return -(-delay // sync_interval) + 1
+
+
+class BackgroundPublisher:
+    """A :class:`WeightStore` front that publishes on a thread of its own, off the trainer's path:
+    :meth:`publish` hands the state dict over and returns, and the thread puts it in ``store``
+    (for the ray runtime: into the object store, then the board), while the trainer goes on with
+    its next step.
+
+    - **Newest wins**: a publication the thread has not started when a newer one arrives is
+      dropped for it, and counted (``superseded``).
+    - **Live weights**: a state dict that aliases the weights the optimizer will change (no cast
+      made a copy: fp32, a LoRA adapter) must not change while the thread reads it. The trainer
+      calls :meth:`settle` before each optimizer step, which waits for such a publication (the
+      forward and backward passes, which only read the weights, overlap it).
+    - **GPU tensors** are first copied into pinned host buffers allocated once (reused by every
+      later publication of the same shapes) on a CUDA stream of the thread's own, after the work
+      queued when the trainer handed them over; from then on the publication reads only its own
+      copy, and the trainer need not wait for the rest (into the object store).
+    - **Visibility**: ``visible_version`` is the newest version the store holds, which is what
+      searchers can fetch.
+    - **Errors**: an exception in the thread is raised on the trainer's next call here.
+    """
+
+    def __init__(self, store: WeightStore) -> None:
+        self.store = store
+        self._cond = threading.Condition()
+        self._pending: tuple | None = None  # state, version, whether it aliases live weights, CUDA event
+        self._busy_live: bool | None = None  # the publication in flight (whether it reads live weights)
+        self._error: BaseException | None = None
+        self._closed = False
+        self._pinned: dict[str, torch.Tensor] = {}  # host staging buffers for GPU tensors, by name
+        self._stream = None  # the thread's CUDA stream, made on first use
+        self.superseded = 0
+        self.published = 0
+        self.background_s = 0.0  # the thread's seconds, all publications
+        self.last_background_s = 0.0
+        self.visible_version = -1
+        self._thread = threading.Thread(target=self._run, name="tba-publisher", daemon=True)
+        self._thread.start()
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int, aliases: bool = True) -> None:
+        """Hand ``state_dict`` over as ``version`` (``aliases``: it shares memory with the live weights)."""
+        ready = None
+        if any(v.is_cuda for v in state_dict.values()):  # the copy starts after what is queued now
+            ready = torch.cuda.Event()
+            ready.record()
+        with self._cond:
+            self._raise()
+            if self._closed:
+                raise RuntimeError("the publisher is closed")
+            if self._pending is not None:
+                self.superseded += 1
+            self._pending = (state_dict, version, aliases, ready)
+            self._cond.notify_all()
+
+    def settle(self) -> float:
+        """Wait until no publication, pending or in flight, reads the live weights; returns the
+        seconds waited (time on the trainer's path)."""
+        start = time.perf_counter()
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or not self._reads_live())
+            self._raise()
+        return time.perf_counter() - start
+
+    def flush(self) -> None:
+        """Wait until every handed-over publication is in the store (or was superseded)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or (self._pending is None and self._busy_live is None))
+            self._raise()
+
+    def close(self) -> None:
+        """Publish what is pending, then stop the thread; raises what the thread raised."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or (self._pending is None and self._busy_live is None))
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        with self._cond:
+            self._raise()
+
+    def latest_version(self) -> int:
+        return self.store.latest_version()
+
+    def fetch(self, newer_than: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        return self.store.fetch(newer_than)
+
+    def _reads_live(self) -> bool:
+        return bool(self._pending is not None and self._pending[2]) or bool(self._busy_live)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._closed = True
+            raise RuntimeError(f"publishing weights failed: {error!r}") from error
+
+    def _stage(self, state: dict[str, torch.Tensor], ready) -> dict[str, torch.Tensor]:
+        """``state`` with its GPU tensors copied into the pinned host buffers, on the thread's stream
+        after ``ready`` (tied entries stay one tensor); the buffers are free again once the store
+        has published (this thread stages the next publication only after that)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        out: dict[str, torch.Tensor] = {}
+        done: dict[tuple, torch.Tensor] = {}
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(ready)
+            for name, v in state.items():
+                key = (v.device, v.data_ptr(), v.dtype, tuple(v.shape), v.stride())
+                if key not in done:
+                    if v.is_cuda:
+                        buf = self._pinned.get(name)
+                        if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
+                            buf = self._pinned[name] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                        buf.copy_(v.detach(), non_blocking=True)
+                        v = buf
+                    done[key] = v
+                out[name] = done[key]
+        self._stream.synchronize()
+        return out
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None or self._closed)
+                if self._pending is None:
+                    return
+                state, version, aliases, ready = self._pending
+                self._pending, self._busy_live = None, aliases
+            start = time.perf_counter()
+            try:
+                if ready is not None:
+                    state = self._stage(state, ready)
+                    with self._cond:  # the publication reads its own host copy from here on
+                        self._busy_live = False
+                        self._cond.notify_all()
+                self.store.publish(state, version)
+            except BaseException as err:  # surfaces on the trainer's next call
+                with self._cond:
+                    self._error, self._busy_live = err, None
+                    self._cond.notify_all()
+                return
+            del state
+            with self._cond:
+                took = time.perf_counter() - start
+                self.background_s += took
+                self.last_background_s = took
+                self.published += 1
+                self.visible_version = max(self.visible_version, version)
+                self._busy_live = None
+                self._cond.notify_all()

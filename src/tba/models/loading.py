@@ -24,20 +24,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from tba.config import ConfigError
 from tba.errors import ModelLoadError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"run.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=cpu (or auto)")
-    return device
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,11 +108,11 @@ def check_causal_lm(name_or_path: str, trust_remote_code: bool = False, what: st
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """A dtype setting (``auto``, ``float32``, ...) as a torch dtype for ``device``, by the run plan's
+    rule (:func:`tba.hardware.resolve_dtype_name`): ``auto`` is bfloat16 on a GPU that has it."""
+    from tba.hardware import DTYPES, Hardware, resolve_dtype_name
+
+    return DTYPES[resolve_dtype_name(name, str(device), Hardware.of_device(device))]
 
 
 def load_tokenizer(

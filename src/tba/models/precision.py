@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tba.config import ConfigError
 from tba.weights import map_shared
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
@@ -52,16 +51,11 @@ PURE_BF16_WARNING = (
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
-    """``auto``: bf16-mixed on a CUDA device with bfloat16, else fp32. A bf16 precision on a GPU
-    without bfloat16 (before Ampere) is a config error."""
-    bf16_gpu = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    if name == "auto":
-        return "bf16-mixed" if bf16_gpu else "fp32"
-    if name.startswith("bf16") and device.type == "cuda" and not bf16_gpu:
-        raise ConfigError(
-            f"trainer.precision={name}, but this GPU has no bfloat16 support; use trainer.precision=fp32 (or auto)"
-        )
-    return name
+    """``trainer.precision`` on ``device``, by the run plan's rule (:func:`tba.hardware.resolve_precision_name`):
+    ``auto`` is bf16-mixed on a CUDA device with bfloat16, else fp32; bf16 on a GPU without it is refused."""
+    from tba.hardware import Hardware, resolve_precision_name
+
+    return resolve_precision_name(name, str(device), Hardware.of_device(device))
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,11 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from tba.config import Config
+from tba.config import Config, build_config
+from tba.plan import Plan
 from tba.runtime.build import build_searcher, load_evaluator
-from tba.runtime.cluster import actor_config
 from tba.runtime.policy import seed_everything
-from tba.runtime.weight_board import RayWeightStore
-from tba.weights import to_host
+from tba.runtime.weight_board import RayWeightStore, pack, unpack
 
 # Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
 # incarnations had counted, so the run's totals keep growing.
@@ -91,16 +90,17 @@ class Inbox:
 
 @ray.remote
 class SearcherWorker:
-    def __init__(self, cfg_data: dict, searcher_id: int, names: tuple[str, str], threads: int, driver_cwd: str = ""):
+    def __init__(self, cfg_data: dict, plan_data: dict, searcher_id: int, names: tuple[str, str], driver_cwd: str = ""):
         # The board and the inbox are found by name: an actor handle among the constructor's
         # arguments makes Ray warn on every run that a restart might fail (ray-project/ray#53727).
         board, inbox = (ray.get_actor(name) for name in names)
-        torch.set_num_threads(threads)
+        plan = Plan.from_dict(plan_data).in_actor(ray.get_gpu_ids())
+        torch.set_num_threads(plan.searcher_threads)
         if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
             sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
-        cfg = actor_config(cfg_data, ray.get_gpu_ids())
+        cfg = build_config(cfg_data)
         seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
-        self.searcher = build_searcher(cfg, RayWeightStore(board), searcher_id, log=lambda msg: None)
+        self.searcher = build_searcher(cfg, plan, RayWeightStore(board), searcher_id, log=lambda msg: None)
         self.inbox = inbox
         self.node = ray.get_runtime_context().get_node_id()
         self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
@@ -133,16 +133,17 @@ class Finished:
 
 @ray.remote
 class EvalWorker:
-    def __init__(self, cfg_data: dict, threads: int, cwd: str):
+    def __init__(self, cfg_data: dict, plan_data: dict, threads: int, cwd: str):
         os.chdir(cwd)  # relative paths in the config mean what they meant to the trainer
         torch.set_num_threads(threads)
+        plan = Plan.from_dict(plan_data).in_actor(ray.get_gpu_ids())
+        cfg = build_config(cfg_data)
+        self.evaluator = load_evaluator(cfg, log=lambda _: None, gpu_share=plan.eval_gpus, plan=plan)
 
-        cfg = actor_config(cfg_data, ray.get_gpu_ids())
-        self.evaluator = load_evaluator(cfg, log=lambda _: None, gpu_share=cfg.eval.eval_gpus)
-
-    def evaluate(self, step: int, weights: dict[str, torch.Tensor]) -> Finished:
+    def evaluate(self, step: int, packed: dict) -> Finished:
+        """Evaluate the weights :func:`tba.runtime.weight_board.pack` packed (read where Ray keeps them)."""
         start = time.perf_counter()
-        self.evaluator.load_weights(weights)
+        self.evaluator.load_weights(unpack(packed))
         result = self.evaluator()
         metrics = {**result.metrics, "eval/seconds": time.perf_counter() - start}
         return Finished(step, metrics, result.samples)
@@ -151,21 +152,24 @@ class EvalWorker:
 class BackgroundEvaluation:
     """The trainer's side of the evaluation actor."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, plan: Plan):
         e = cfg.eval
-        self.actor = EvalWorker.options(num_cpus=e.eval_cpus, num_gpus=e.eval_gpus).remote(
-            cfg.model_dump(mode="json", by_alias=True), max(1, int(e.eval_cpus)), os.getcwd()
+        self.actor = EvalWorker.options(num_cpus=e.eval_cpus, num_gpus=plan.eval_gpus).remote(
+            cfg.model_dump(mode="json", by_alias=True), plan.to_dict(), max(1, int(e.eval_cpus)), os.getcwd()
         )
         self._pending: ray.ObjectRef | None = None
         self.waited_s = 0.0  # the trainer's time spent waiting for the previous evaluation
 
-    def submit(self, step: int, weights: dict[str, torch.Tensor]) -> list[Finished]:
-        """Start evaluating ``weights`` as step ``step``; returns the previous evaluation if the
-        trainer had to wait for it (it is still running otherwise)."""
+    def submit(self, step: int, weights: dict[str, torch.Tensor] | ray.ObjectRef) -> list[Finished]:
+        """Start evaluating ``weights`` as step ``step`` (a state dict, or the object-store reference
+        of a publication: its copy is reused, not made again); returns the previous evaluation if
+        the trainer had to wait for it (it is still running otherwise)."""
         start = time.perf_counter()
         done = self.finish()
         self.waited_s += time.perf_counter() - start
-        self._pending = self.actor.evaluate.remote(step, to_host(weights))  # a CUDA tensor would need a GPU there
+        if not isinstance(weights, ray.ObjectRef):  # packed in host memory: a CUDA tensor would need a GPU there
+            weights = pack(weights)
+        self._pending = self.actor.evaluate.remote(step, weights)
         return done
 
     def poll(self) -> list[Finished]:

@@ -19,6 +19,7 @@ Ray, threads and GPU shares: :mod:`tba.runtime.cluster`; the actors: :mod:`tba.r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -35,22 +36,18 @@ from tba.config import Config
 from tba.console import RunDisplay
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
-from tba.models.loading import resolve_device
 from tba.models.precision import PeakMemory
+from tba.plan import actor_gpu_shares
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
-from tba.runtime.cluster import (
-    gpu_shares,
-    one_engine_at_a_time,
-    ray_session,
-    trainer_threads,
-)
+from tba.runtime.cluster import one_engine_at_a_time, ray_session
 from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
+from tba.weights import BackgroundPublisher
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
@@ -58,8 +55,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     start = time.time()
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
-    cfg, run_dir, prepared = open_run(cfg, chatter)  # builds the demo model on every core, before the split
-    torch.set_num_threads(cfg.run.threads or trainer_threads(cfg))
+    cfg, run_dir, prepared, plan = open_run(cfg, chatter)  # builds the demo model on every core, before the split
+    torch.set_num_threads(plan.trainer_threads)
     if cfg.generation.backend == "vllm" and not cfg.eval.async_:
         log(
             "evaluation: HF generate on the trainer's policy (the trainer holds no vLLM engine); "
@@ -67,45 +64,51 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         )
     actors, metrics, background = [], None, None
     inbox, c = None, None
-    with ray_session(cfg) as started_ray:
+    with ray_session(cfg, plan) as started_ray:
         try:
-            device = resolve_device(cfg.run.device)
-            shared = started_ray and not cfg.runtime.address and torch.cuda.device_count() == 1
-            cfg = gpu_shares(cfg, device, ray.cluster_resources().get("GPU", 0.0), trainer_gpu_shared=shared)
+            shared = started_ray and not cfg.runtime.address and plan.hardware.gpus == 1
+            if cfg.runtime.address:  # a cluster's GPUs are known once joined
+                shares = actor_gpu_shares(cfg, plan.device, ray.cluster_resources().get("GPU", 0.0), False)
+                plan = dataclasses.replace(plan, searcher_gpus=shares[0], eval_gpus=shares[1])
             run_id = uuid.uuid4().hex[:12]
             names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
             board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote()
-            c = build_components(cfg, log, weights=RayWeightStore(board), with_searcher=False, prepared=prepared)
+            # weights travel on a thread of their own while the trainer steps (trainer ranks publish from rank 0)
+            store = RayWeightStore(board)
+            weights = BackgroundPublisher(store) if cfg.trainer.num_ranks == 1 else store
+            c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
+            plan = c.plan  # with the EOS ids, which the searchers take from it
+            plan.save(run_dir)
             resumed = cfg.run.resume and resume(c, run_dir, log)
             metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
             r = cfg.runtime
-            threads = max(1, int(r.searcher_cpus))
-            cfg_data = cfg.model_dump(mode="json")
+            cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
             # Searcher processes start (imports, model loading) while this one publishes and
             # evaluates; the model paths are resolved by now, so none of them builds the demo model.
             # vLLM engines that share a GPU start one at a time, before the trainer uses it: each sizes its
             # KV cache from the memory the GPU has free while it profiles, which another process's
             # allocations would take from it (or, freed meanwhile, make vLLM's profiling fail).
-            alone = one_engine_at_a_time(cfg, device, shared)
+            alone = one_engine_at_a_time(cfg, plan, shared)
             for i in range(r.num_searchers):
                 actors.append(
                     SearcherWorker.options(
                         num_cpus=r.searcher_cpus,
-                        num_gpus=r.searcher_gpus,
+                        num_gpus=plan.searcher_gpus,
                         resources=dict(r.searcher_resources),
                         max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
-                    ).remote(cfg_data, i, names, threads, os.getcwd())
+                    ).remote(cfg_data, plan_data, i, names, os.getcwd())
                 )
                 if alone:  # (a searcher that fails to start is reported by the pool, as always)
                     ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
             initial = {}
             if cfg.eval.async_:
-                background = BackgroundEvaluation(cfg)
+                background = BackgroundEvaluation(cfg, plan)
                 if alone:
                     ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
             c.trainer.publish()  # searchers start from the trainer's weights
+            c.trainer.flush_publication()
             if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
-                background.submit(0, c.trainer.published_state())
+                background.submit(0, published_weights(c))
             elif background is None and not resumed:
                 initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
                 metrics.log(0, initial)
@@ -126,6 +129,17 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             if c is not None:
                 c.close()
     return run_dir, finish(console, run_dir, c, cfg, start, extra)
+
+
+def published_weights(c: Components) -> dict | ray.ObjectRef:
+    """The trainer's current weights for the evaluation actor: the object-store copy of their
+    publication when this version was published (no second copy), else a state dict."""
+    t = c.trainer
+    t.flush_publication()
+    last = getattr(t.publisher.store if t.publisher is not None else t.weights, "last", None)
+    if last is not None and last[0] == t.version:
+        return last[1]
+    return t.published_state()
 
 
 def _drain(c: Components, inbox, run_dir: Path, gate: StepGate) -> dict[int, dict]:
@@ -166,6 +180,9 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
     if any("searcher/turns_per_conversation" in s for s in stats.values()):  # weighted by each one's conversations
         replies = sum(s.get("searcher/turns_per_conversation", 0.0) * s["searcher/completions"] for s in stats.values())
         out["searcher/turns_per_conversation"] = replies / max(completions, 1.0)
+    for key in ("weights/fetch_s", "weights/load_s"):  # the slowest searcher's latest weight update
+        if any(key in s for s in stats.values()):
+            out[key] = max(s.get(key, 0.0) for s in stats.values())
     busy = [s["searcher/engine_busy"] for s in stats.values() if "searcher/engine_busy" in s]
     if busy:
         out["searcher/engine_busy"] = sum(busy) / len(busy)
@@ -288,7 +305,7 @@ def _train(
             finished = background.poll() if background else []
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 if background:
-                    finished += background.submit(step, c.trainer.published_state())
+                    finished += background.submit(step, published_weights(c))
                     record["trainer/eval_wait_s"] = background.waited_s
                 else:
                     record.update(evaluate_policy(c, cfg, run_dir, step, metrics))

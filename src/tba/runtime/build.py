@@ -12,37 +12,30 @@ import torch
 
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
-from tba.config import Config, ConfigError
-from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
+from tba.config import Config
+from tba.demo import BUILTIN_PREFIX
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
 from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream, hf_continuous_problem
 from tba.generation.turns import make_conversations
-from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator, check_vllm_backend
-from tba.models.loading import (
-    check_causal_lm,
-    eos_ids,
-    load_causal_lm,
-    load_tokenizer,
-    resolve_device,
-    resolve_dtype,
-)
+from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
+from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer
 from tba.models.lora import (
     ReferenceView,
     add_adapter,
-    check_lora_config,
     copy_sharing_frozen,
     policy_state,
     published_state,
 )
 from tba.models.precision import Precision
-from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
-from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers
+from tba.plan import Plan, make_plan
+from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
+from tba.runtime.preflight import check_models, make_task, prepare_task
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher, StreamingSearcher
-from tba.tasks import Task, build_task
+from tba.tasks import Task
 from tba.trainer import Trainer
 from tba.weights import DelayedWeights, LocalWeightStore, WeightStore, publications_to_keep
 
@@ -56,27 +49,25 @@ class Components:
     trainer: Trainer
     searcher: Searcher | None
     eos_ids: set[int]
-    policy_path: str
+    plan: Plan  # with the EOS ids
     evaluator: Evaluator | None = None  # of the policy, built on first evaluation
 
+    @property
+    def policy_path(self) -> str:
+        return self.plan.policy
+
     def close(self) -> None:
-        """Stop what runs outside this process for these parts (the trainer's ranks, if any)."""
-        if self.trainer.ranks is not None:
-            self.trainer.ranks.close()
+        """Stop what runs outside this process or thread for these parts (the trainer's ranks, its
+        publisher), each even if another fails."""
+        try:
+            if self.trainer.publisher is not None:
+                self.trainer.publisher.close()
+        finally:
+            if self.trainer.ranks is not None:
+                self.trainer.ranks.close()
 
 
-def check_models(cfg: Config, log=print) -> None:
-    """Resolve the policy and the reference (building the demo model on first use) and check, from
-    their configs alone, that each exists and is a causal LM: before the run directory exists."""
-    policy_path, ref_path = model_paths(cfg, log)
-    config = check_causal_lm(policy_path, cfg.model.trust_remote_code, what="model.policy")
-    if ref_path != policy_path:
-        check_causal_lm(ref_path, cfg.model.trust_remote_code, what="model.reference")
-    if cfg.generation.backend == "vllm":
-        check_vllm_backend(config, resolve_device(cfg.run.device), sleep=cfg.generation.vllm.sleep)
-
-
-def make_buffer(cfg: Config) -> ReplayBuffer:
+def make_buffer(cfg: Config, plan: Plan) -> ReplayBuffer:
     b = cfg.buffer
     return ReplayBuffer(
         capacity=b.capacity,
@@ -85,45 +76,21 @@ def make_buffer(cfg: Config) -> ReplayBuffer:
         reward_inv_temp=b.reward_inv_temp,
         min_completions=b.min_completions,
         seed=cfg.run.seed,
-        flat_weight=b.resolved_flat_weight(cfg.runtime.type),
+        flat_weight=plan.flat_weight,
     )
 
 
-def completion_eos(cfg: Config, tokenizer, model) -> set[int]:
+def completion_eos(cfg: Config, tokenizer, model, plan: Plan | None = None) -> set[int]:
+    """The token ids that end a completion: the plan's once known, else found from the tokenizer
+    and the model (:func:`tba.models.loading.eos_ids`)."""
+    if plan is not None and plan.eos_ids:
+        return set(plan.eos_ids)
     return eos_ids(tokenizer, model, cfg.model.eos_tokens, cfg.model.chat_template)
-
-
-def make_task(cfg: Config, tokenizer=None, log=print) -> Task:
-    return build_task(cfg.task, tokenizer=tokenizer, chat_template=cfg.model.chat_template, log=log)
-
-
-def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
-    """The task and the tokenizer, checked before any model is loaded (or, for the demo model,
-    built): the dataset loads, its prompts fit, and the reward functions score two evaluation
-    rows; ``model.lora`` settings fit LoRA's reference. Raises with a message that says what to fix."""
-    quiet_transformers()
-    check_lora_config(cfg)
-    m = cfg.model
-    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # its tokenizer, without building the model
-        tokenizer = build_tool_tokenizer() if m.policy == TOOL_MODEL else build_char_tokenizer()
-    else:
-        what = "model.tokenizer" if m.tokenizer else "model.policy"
-        tokenizer = load_tokenizer(m.tokenizer or m.policy, m.trust_remote_code, what=what)
-    task = make_task(cfg, tokenizer, log)
-    task.check()
-    if cfg.task.multi_turn:  # the tools load and the template can call them, before any model is loaded
-        make_conversations(cfg.task, tokenizer, eos_ids(tokenizer, None, m.eos_tokens, m.chat_template)).close()
-    if cfg.eval.samples > 1 and not task.success_scores:
-        raise ConfigError(
-            f"eval.samples={cfg.eval.samples} asks for pass@k, which needs a success score: "
-            "set task.success_threshold (a reward at or above it is a success)"
-        )
-    log(task.describe())
-    return task, tokenizer
 
 
 def make_generator(
     cfg: Config,
+    plan: Plan,
     sampler: torch.nn.Module | None,
     pad_id: int,
     eos: set[int],
@@ -137,14 +104,13 @@ def make_generator(
     if cfg.generation.backend == "hf":
         return HFGenerator(sampler, pad_id, eos)
 
-    device = resolve_device(cfg.run.device)
-    policy_path, _ = model_paths(cfg)
+    device = plan.torch_device
     settings = cfg.generation.vllm
     engine = VLLMGenerator(
-        policy_path,
+        plan.policy,
         eos,
         device,
-        resolve_dtype(cfg.model.dtype, device),
+        plan.torch_dtype,
         seed=cfg.run.seed * 1000 + searcher_id,
         trust_remote_code=cfg.model.trust_remote_code,
         **{  # the engine settings, named as the generator names them
@@ -160,6 +126,7 @@ def make_generator(
 
 def make_searcher(
     cfg: Config,
+    plan: Plan,
     task: Task,
     tokenizer,
     sampler: torch.nn.Module | None,
@@ -170,14 +137,14 @@ def make_searcher(
 ) -> Searcher:
     """A searcher over ``sampler`` (vLLM: None, its engine holds the policy; or a LoRA policy's copy)."""
     g, t = cfg.generation, cfg.trainer
-    eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference)
+    eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference, plan)
     temperature = (
         g.searcher_temperatures[searcher_id % len(g.searcher_temperatures)]
         if g.searcher_temperatures
         else g.temperature
     )
     top_p = g.searcher_top_ps[searcher_id % len(g.searcher_top_ps)] if g.searcher_top_ps else g.top_p
-    generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, searcher_id, gpu_share)
+    generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, searcher_id, gpu_share)
     if g.explore_prob > 0:
         t_range = g.explore_temperature or (temperature, temperature * 1.1 / 0.7)
         generator = ExploringGenerator(
@@ -189,23 +156,23 @@ def make_searcher(
         top_p=top_p,
         max_new_tokens=g.max_new_tokens,
         min_new_tokens=g.min_new_tokens,
-        logprobs=cfg.objective.needs_sampler_logps,
-        sampled_logprobs=cfg.objective.type == "tb",
+        logprobs=plan.sampler_logprobs != "none",
+        sampled_logprobs=plan.sampler_logprobs == "sampling_pass",
     )
     kind, streaming = Searcher, {}
-    device_type = resolve_device(cfg.run.device).type
+    device_type = plan.torch_device.type
     conversations = make_conversations(cfg.task, tokenizer, eos)  # None for a single-turn task
-    if conversations is None and g.streams(cfg.runtime.type, device_type):
-        exact = cfg.runtime.type == "sync"  # each step: its batch's prompts, all of them to the end
+    if conversations is None and plan.stream != "batch":
+        exact = plan.runtime == "sync"  # each step: its batch's prompts, all of them to the end
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
-        if g.backend == "vllm":
+        if plan.stream == "vllm":
             engine = generator.engine if isinstance(generator, MergedLoraGenerator) else generator
             stream = VLLMStream(engine, params, loader=generator)
-        elif not exact and g.hf_stream == "continuous" and (why := hf_continuous_problem(generator, params)) is None:
+        elif plan.stream == "hf_continuous" and (why := hf_continuous_problem(generator, params)) is None:
             stream = HFContinuousStream(generator, params, in_flight, seed=cfg.run.seed * 1000 + searcher_id)
         else:
-            if not exact and g.hf_stream == "continuous":
+            if plan.stream == "hf_continuous":
                 msg = f"generation.hf_stream=continuous cannot serve this run ({why}); refilling instead"
                 warnings.warn(msg, stacklevel=2)
             stream = HFStream(generator, params, refill=g.refill or (in_flight if exact else quarter))
@@ -252,28 +219,27 @@ def make_searcher(
     )
 
 
-def build_searcher(cfg: Config, weights: WeightStore, searcher_id: int = 0, log=print) -> Searcher:
+def build_searcher(cfg: Config, plan: Plan, weights: WeightStore, searcher_id: int = 0, log=print) -> Searcher:
     """A searcher with its own sampling copy of the policy and its own reference model (for a
     searcher process: it loads the weights that the trainer publishes). With ``model.lora`` the
     sampler carries an adapter (filled by the trainer's first publication) and the reference is the
     same module with the adapter switched off: one copy of the base weights."""
     quiet_transformers()
-    device = resolve_device(cfg.run.device)
-    policy_path, ref_path = model_paths(cfg, log)
+    device = plan.torch_device
     m = cfg.model
-    tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
+    tokenizer = load_tokenizer(m.tokenizer or plan.policy, m.trust_remote_code)
     task = make_task(cfg, tokenizer, log)
     task.setup(device)  # task-owned models live in searcher processes, never in the trainer
     sampler = None  # with vLLM the engine loads the policy itself
     if cfg.generation.backend == "hf" or m.lora is not None:  # vLLM with LoRA: the adapter's base, merged from
-        sampler = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
+        sampler = load_causal_lm(plan.policy, device, plan.dtype, m.trust_remote_code, trainable=False)
     if m.lora is not None:
         sampler = add_adapter(sampler, m.lora).eval().requires_grad_(False)
         reference = ReferenceView(sampler)
     else:
-        reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
-    # a searcher process: its share of a GPU is runtime.searcher_gpus
-    return make_searcher(cfg, task, tokenizer, sampler, reference, weights, searcher_id, cfg.runtime.searcher_gpus)
+        reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
+    # a searcher process: its share of a GPU is the plan's searcher_gpus
+    return make_searcher(cfg, plan, task, tokenizer, sampler, reference, weights, searcher_id, plan.searcher_gpus)
 
 
 def build_components(
@@ -282,33 +248,42 @@ def build_components(
     weights: WeightStore | None = None,
     with_searcher: bool = True,
     prepared: tuple[Task, object] | None = None,
+    plan: Plan | None = None,
 ) -> Components:
     """Everything one process needs: the trainer side, and (for the sync runtime) a searcher that
     shares the process but samples from its own copy of the policy. ``prepared`` is what
-    :func:`prepare_task` returned, if the caller checked the task already."""
+    :func:`tba.runtime.preflight.prepare_task` returned, if the caller checked the task already;
+    ``plan`` the run's plan (default: made here, for this machine, its models built and checked).
+    The components' plan carries the EOS ids."""
     quiet_transformers()
-    device = resolve_device(cfg.run.device)
-    task, _ = prepared or prepare_task(cfg, log)
-    policy_path, ref_path = model_paths(cfg, log)
+    task, prepared_tokenizer = prepared or prepare_task(cfg, log)
+    if plan is None:  # (tba train made it, and built and checked the models, before the run directory)
+        plan = make_plan(cfg)
+        check_models(cfg, plan, log)
+    device = plan.torch_device
     m = cfg.model
-    tokenizer = load_tokenizer(m.tokenizer or policy_path, m.trust_remote_code)
-    precision = Precision.from_config(cfg.trainer.precision, device)
+    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # the model folder's own tokenizer
+        tokenizer = load_tokenizer(plan.policy, m.trust_remote_code)
+    else:  # loaded once, by prepare_task
+        tokenizer = prepared_tokenizer
+    precision = Precision(plan.precision, device.type)
     precision.warn(log)
     ranks = None
     if cfg.trainer.num_ranks > 1:  # this process keeps an unsharded copy, for evaluation and checkpoints
         # in the ray runtime on CPU: the GPUs are the ranks' and the searchers'
-        copy_device = torch.device("cpu") if cfg.runtime.type == "ray" else device
-        policy = load_trainer_policy(cfg, policy_path, copy_device, precision, gradient_checkpointing=False)
+        copy_device = torch.device("cpu") if plan.runtime == "ray" else device
+        policy = load_trainer_policy(cfg, plan.policy, copy_device, precision, gradient_checkpointing=False)
     else:
-        policy = load_trainer_policy(cfg, policy_path, device, precision)
-    eos = completion_eos(cfg, tokenizer, policy)
+        policy = load_trainer_policy(cfg, plan.policy, device, precision)
+    eos = completion_eos(cfg, tokenizer, policy, plan)
+    plan = plan.with_eos(eos)
     pad = tokenizer.pad_token_id
     if cfg.trainer.num_ranks > 1:
         # a LoRA adapter starts from this copy's random initialisation; a full model from its file
-        ranks = RankGroup(cfg, pad, eos, log, initial=policy_state(policy) if m.lora is not None else None)
-    lag = cfg.runtime.extra_lag
+        ranks = RankGroup(cfg, plan, pad, eos, log, initial=policy_state(policy) if m.lora is not None else None)
+    lag = plan.extra_lag
     weights = weights or LocalWeightStore(keep=publications_to_keep(lag, cfg.trainer.sync_interval))
-    buffer = make_buffer(cfg)
+    buffer = make_buffer(cfg, plan)
     trainer = make_trainer(
         cfg,
         policy,
@@ -318,7 +293,7 @@ def build_components(
         buffer=buffer,
         weights=weights,
         # searchers hold model.dtype; a LoRA adapter stays as PEFT keeps it there (fp32)
-        publish_dtype=None if m.lora is not None else resolve_dtype(m.dtype, device),
+        publish_dtype=None if m.lora is not None else plan.torch_dtype,
         ranks=ranks,
     )
     searcher = None
@@ -331,56 +306,56 @@ def build_components(
         if cfg.generation.backend == "hf" or m.lora is not None:
             sampler = copy_sharing_frozen(policy).eval().requires_grad_(False)
             if m.lora is None:  # the searchers' dtype, not the trainer's master weights
-                sampler = sampler.to(resolve_dtype(m.dtype, device))
+                sampler = sampler.to(plan.torch_dtype)
         if m.lora is not None:
             reference = ReferenceView(sampler)
         else:
-            reference = load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False)
+            reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
         seen = DelayedWeights(weights, lag) if lag else weights  # runtime.extra_lag: older weights
-        searcher = make_searcher(cfg, task, tokenizer, sampler, reference, seen)
-    return Components(
-        task,
-        tokenizer,
-        policy,
-        buffer,
-        trainer,
-        searcher,
-        eos,
-        policy_path,
-    )
+        searcher = make_searcher(cfg, plan, task, tokenizer, sampler, reference, seen)
+    return Components(task, tokenizer, policy, buffer, trainer, searcher, eos, plan)
 
 
-def load_evaluator(cfg: Config, checkpoint: Path | None = None, log=print, gpu_share: float | None = 1.0) -> Evaluator:
+def load_evaluator(
+    cfg: Config,
+    checkpoint: Path | None = None,
+    log=print,
+    gpu_share: float | None = 1.0,
+    plan: Plan | None = None,
+) -> Evaluator:
     """An evaluator built from the config alone: the task (checked, as ``tba train`` checks it), the
     tokenizer, and the policy: ``model.policy``, or a checkpoint of a run of this config (a full
     model loads from the checkpoint itself; a LoRA adapter goes onto ``model.policy``). The
-    reference (``model.reference``, else ``model.policy``) loads only if the task asks for it."""
-    device = resolve_device(cfg.run.device)
+    reference (``model.reference``, else ``model.policy``) loads only if the task asks for it.
+    ``plan``: the run's (default: made here, for this machine)."""
     m = cfg.model
     task, tokenizer = prepare_task(cfg, log)
+    if plan is None:
+        plan = make_plan(cfg)
+        check_models(cfg, plan, log)  # a built-in model is built on first use
+    device = plan.torch_device
     if checkpoint is not None and m.lora is None:
-        policy = load_causal_lm(str(checkpoint), device, m.dtype, m.trust_remote_code, trainable=False)
+        policy = load_causal_lm(str(checkpoint), device, plan.dtype, m.trust_remote_code, trainable=False)
     else:
-        policy_path, _ = model_paths(cfg, log)
-        policy = load_causal_lm(policy_path, device, m.dtype, m.trust_remote_code, trainable=False)
+        policy = load_causal_lm(plan.policy, device, plan.dtype, m.trust_remote_code, trainable=False)
         if m.lora is not None:
             policy = add_adapter(policy, m.lora).eval().requires_grad_(False)
             if checkpoint is not None:
                 load_policy_weights(policy, checkpoint)
-    eos = completion_eos(cfg, tokenizer, policy)
+    eos = completion_eos(cfg, tokenizer, policy, plan)
     generator = None
     if cfg.generation.backend == "vllm":
         # An engine on model.policy, then the checkpoint's weights: a checkpoint folder also holds
         # the trainer's state files, which vLLM would take for weight shards.
         sampler = policy if m.lora is not None else None
-        generator = make_generator(cfg, sampler, tokenizer.pad_token_id, eos, gpu_share=gpu_share)
-        log(f"generation: a vLLM engine on {model_paths(cfg)[0]}")
+        generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, gpu_share=gpu_share)
+        log(f"generation: a vLLM engine on {plan.policy}")
         if checkpoint is not None:
             generator.load_weights(published_state(policy), version=-1)
-    return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, policy, log), generator)
+    return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, plan, policy), generator)
 
 
-def lazy_reference(cfg: Config, policy: torch.nn.Module, log=print):
+def lazy_reference(cfg: Config, plan: Plan, policy: torch.nn.Module):
     """The frozen reference for an evaluation that needs it (KL), as a function that builds it on
     its first call and then returns the same one: a LoRA policy's base model (the adapter switched
     off), else ``model.reference`` (or ``model.policy``) loaded beside ``policy``."""
@@ -392,9 +367,8 @@ def lazy_reference(cfg: Config, policy: torch.nn.Module, log=print):
             if m.lora is not None:
                 held.append(ReferenceView(policy))
             else:
-                _, ref_path = model_paths(cfg, log)
                 device = next(policy.parameters()).device
-                held.append(load_causal_lm(ref_path, device, m.dtype, m.trust_remote_code, trainable=False))
+                held.append(load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False))
         return held[0]
 
     return reference

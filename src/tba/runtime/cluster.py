@@ -11,7 +11,7 @@
   policy copy beside trainer ranks) on ``run.device`` without Ray knowing: a local Ray instance is
   started on every GPU but that one when there are several (:func:`searcher_gpu_ids`). With one
   GPU, trainer and actors share it.
-- **Actors' GPU shares** (``runtime.searcher_gpus``, ``eval.eval_gpus``; unset: :func:`gpu_shares`):
+- **Actors' GPU shares** (``runtime.searcher_gpus``, ``eval.eval_gpus``; unset: :func:`tba.plan.actor_gpu_shares`):
   on a CUDA run every searcher (and the evaluation actor of ``eval.async``) takes an equal share of
   the GPUs Ray has left after the trainer ranks: a whole GPU each while there are enough, else 1/n
   of one, n actors to a GPU; with the trainer's GPU as the only one, the trainer counts as one
@@ -19,13 +19,14 @@
   its version and ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` the actor sees none (and cannot start) or
   sees every GPU without Ray counting it (and lands on GPU 0 beside whatever runs there).
 - **Inside an actor** Ray sets ``CUDA_VISIBLE_DEVICES`` to the actor's GPUs, so ``run.device=cuda:3``
-  means ``cuda:0`` there (:func:`actor_config`).
+  means ``cuda:0`` there (:meth:`tba.plan.Plan.in_actor`).
+- The thread counts and GPU shares are decided in the run plan (:mod:`tba.plan`); this module starts
+  Ray with them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import subprocess
@@ -34,9 +35,9 @@ import sys
 import ray
 import torch
 
-from tba.config import Config, ConfigError, build_config, with_values
+from tba.config import Config
 from tba.errors import interrupt_on_sigterm
-from tba.models.loading import resolve_device
+from tba.plan import Plan
 from tba.runtime import watchdog as watchdog_module
 
 
@@ -90,19 +91,8 @@ def stop_watchdog(proc: subprocess.Popen | None) -> None:
             proc.kill()
 
 
-def trainer_threads(cfg: Config) -> int:
-    if cfg.runtime.trainer_cpus:
-        return cfg.runtime.trainer_cpus
-    if cfg.runtime.address:  # searchers may be elsewhere: use this machine
-        return os.cpu_count() or 1
-    taken = searcher_cpus(cfg)
-    if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
-        taken += cfg.trainer.num_ranks * rank_cpus(cfg)
-    return max(1, int((os.cpu_count() or 1) - taken))
-
-
 @contextlib.contextmanager
-def ray_session(cfg: Config):
+def ray_session(cfg: Config, plan: Plan):
     """Ray for a run (the ray runtime, and the sync runtime with ``trainer.num_ranks`` > 1): join
     ``runtime.address`` or start a local instance, watched by the watchdog, without the GPU this
     process uses (:func:`driver_device`); SIGTERM unwinds the run; shut down at the end. Yields
@@ -110,7 +100,7 @@ def ray_session(cfg: Config):
     watchdog = start_watchdog(cfg)
     started, old_sigterm = False, None
     try:
-        started = init_ray(cfg, driver_device(cfg, resolve_device(cfg.run.device)))
+        started = init_ray(cfg, driver_device(cfg, plan.torch_device))
         old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
         yield started
     finally:
@@ -119,22 +109,6 @@ def ray_session(cfg: Config):
         stop_watchdog(watchdog)
         if old_sigterm is not None:
             signal.signal(signal.SIGTERM, old_sigterm)
-
-
-def searcher_cpus(cfg: Config) -> float:
-    """The CPUs that the ray runtime reserves for its searchers and its evaluation actor."""
-    r = cfg.runtime
-    return r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
-
-
-def rank_cpus(cfg: Config) -> float:
-    """``runtime.rank_cpus``, by default the local CPUs that searchers and evaluation leave (one kept
-    for the ``tba train`` process in the sync runtime, which generates), split over the ranks."""
-    r = cfg.runtime
-    if r.rank_cpus is not None:
-        return r.rank_cpus
-    taken = searcher_cpus(cfg) if r.type == "ray" else 1
-    return round(max(1.0, (os.cpu_count() or 1) - taken) / cfg.trainer.num_ranks, 4)
 
 
 def searcher_gpu_ids(trainer_device: torch.device, visible: str | None, count: int) -> str | None:
@@ -162,61 +136,12 @@ def driver_device(cfg: Config, device: torch.device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def share_of(actors: int, gpus: float, with_trainer: bool) -> float:
-    """One actor's share when ``actors`` share ``gpus`` GPUs (and the trainer too, on the only GPU,
-    when ``with_trainer``): a whole GPU each if there are enough, else 1/n of one with n per GPU."""
-    if with_trainer:
-        return 1.0 / (actors + 1)
-    per_gpu = math.ceil(actors / int(gpus))
-    return 1.0 if per_gpu == 1 else 1.0 / per_gpu
-
-
-def gpu_shares(cfg: Config, device: torch.device, ray_gpus: float, trainer_gpu_shared: bool) -> Config:
-    """``cfg`` with ``runtime.searcher_gpus`` and ``eval.eval_gpus`` set: as given, else derived from
-    the GPUs Ray has (``ray_gpus``; ``trainer_gpu_shared``: they are the trainer's one GPU). A CPU run
-    gives actors no GPU. Raises :class:`ConfigError` for a CUDA run whose actors would get none."""
-    r, e = cfg.runtime, cfg.eval
-    searcher, evaluation = r.searcher_gpus, e.eval_gpus
-    if device.type != "cuda":
-        return with_values(cfg, {"runtime.searcher_gpus": searcher or 0.0, "eval.eval_gpus": evaluation or 0.0})
-    wanted = [("runtime.searcher_gpus", searcher)] + ([("eval.eval_gpus", evaluation)] if e.async_ else [])
-    for key, value in wanted:
-        if value == 0:
-            raise ConfigError(
-                f"{key}=0 on a CUDA run (run.device={cfg.run.device}): Ray gives an actor that asks for no GPU "
-                "none of its own (it sees no GPU, or all of them uncounted, by Ray's version). Give it a share "
-                f"(e.g. {key}=0.5) or leave it unset"
-            )
-    actors = (r.num_searchers if searcher is None else 0) + (1 if e.async_ and evaluation is None else 0)
-    if actors:
-        free = ray_gpus - (cfg.trainer.num_ranks if cfg.trainer.num_ranks > 1 else 0)
-        if free < 1:
-            raise ConfigError(
-                f"run.device={cfg.run.device}: Ray has {ray_gpus:g} GPU(s) and the trainer ranks take "
-                f"{cfg.trainer.num_ranks}, leaving none for the searchers{' and evaluation' if e.async_ else ''}; "
-                "set runtime.searcher_gpus (and eval.eval_gpus) to share theirs, or lower trainer.num_ranks"
-            )
-        share = share_of(actors, free, trainer_gpu_shared and cfg.trainer.num_ranks == 1)
-        searcher = share if searcher is None else searcher
-        evaluation = share if evaluation is None and e.async_ else evaluation
-    return with_values(cfg, {"runtime.searcher_gpus": searcher, "eval.eval_gpus": evaluation or 0.0})
-
-
-def actor_config(cfg_data: dict, gpu_ids: list) -> Config:
-    """The config an actor builds its parts from: ``run.device=cuda:N`` becomes ``cuda`` when Ray has
-    given the actor GPUs (``gpu_ids``, from ``ray.get_gpu_ids()``), which it numbers from 0."""
-    cfg = build_config(cfg_data)
-    if gpu_ids and cfg.run.device.startswith("cuda:"):
-        cfg = with_values(cfg, {"run.device": "cuda"})
-    return cfg
-
-
-def one_engine_at_a_time(cfg: Config, device: torch.device, trainer_gpu_shared: bool) -> bool:
+def one_engine_at_a_time(cfg: Config, plan: Plan, trainer_gpu_shared: bool) -> bool:
     """Whether the ray runtime starts its vLLM actors one after another, each before the trainer
     uses the GPU: when an engine shares its GPU (with the trainer, or with other actors). vLLM sizes
     its KV cache from the free memory it sees while it profiles (charging to itself whatever another
     process allocates meanwhile, and failing if another frees memory meanwhile)."""
-    if device.type != "cuda" or cfg.generation.backend != "vllm":
+    if plan.torch_device.type != "cuda" or cfg.generation.backend != "vllm":
         return False
-    shares = [cfg.runtime.searcher_gpus or 0.0] + ([cfg.eval.eval_gpus or 0.0] if cfg.eval.async_ else [])
+    shares = [plan.searcher_gpus or 0.0] + ([plan.eval_gpus or 0.0] if cfg.eval.async_ else [])
     return trainer_gpu_shared or any(0 < share < 1 for share in shares)

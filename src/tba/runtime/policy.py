@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from tba.config import ArithmeticTaskConfig, Config, ConfigError
-from tba.demo import BUILTIN_PREFIX, TOOL_MODEL, ensure_tiny_model, ensure_tiny_tool_model
+from tba.config import Config, ConfigError
+from tba.demo import TOOL_MODEL, ensure_tiny_model, ensure_tiny_tool_model
 from tba.models.loading import (
     load_causal_lm,
 )
@@ -21,6 +21,7 @@ from tba.models.lora import (
     add_adapter,
 )
 from tba.models.precision import Precision
+from tba.plan import builtin_setting
 from tba.trainer import Trainer
 
 
@@ -31,18 +32,13 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_model_path(name: str, cfg: Config, log=print) -> str:
-    """A Hugging Face id or local path; ``builtin:`` names are built and cached on first use."""
-    if not name.startswith(BUILTIN_PREFIX):
+    """A Hugging Face id or local path; ``builtin:`` names are built and cached on first use, on the
+    setting :func:`tba.plan.builtin_setting` names."""
+    warm = builtin_setting(name, cfg)
+    if warm is None:
         return name
-    if name == TOOL_MODEL:  # warm-started on calculator traces of the arithmetic task's setting
-        warm = cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig(digits=3, operators="*")
+    if name == TOOL_MODEL:
         return str(ensure_tiny_tool_model(warm, cfg.model.cache_dir, log=log))
-    if name != "builtin:tiny-arithmetic":
-        raise ConfigError(
-            f"unknown built-in model {name!r}; the built-in models are builtin:tiny-arithmetic and {TOOL_MODEL}"
-        )
-    # Warm-started on the arithmetic task's setting; other tasks get the default demo model.
-    warm = cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig()
     return str(ensure_tiny_model(warm, cfg.model.cache_dir, log=log))
 
 

@@ -52,12 +52,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from tba.config import Config, ConfigError, build_config, with_values
-from tba.models.loading import resolve_device, resolve_dtype
 from tba.models.lora import is_lora, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
-from tba.runtime.cluster import rank_cpus
+from tba.plan import Plan
 from tba.runtime.errors import TrainerRankFailed
-from tba.runtime.policy import load_trainer_policy, make_trainer, model_paths, quiet_transformers, seed_everything
+from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers, seed_everything
 from tba.runtime.sharding import check_fsdp2, combine_metrics, load_sharded, shard_policy, split_groups, sub_batch
 from tba.runtime.weight_board import RayWeightStore
 from tba.trainer import group_lengths, group_tokens, loss_shares, rank_passes
@@ -78,8 +77,9 @@ _DEATH_NOTICE_S = 10.0  # how long a rank's failure waits for news that another 
 class TrainerRank:
     """One rank of the trainer: a shard of the policy and of its optimizer."""
 
-    def __init__(self, cfg_data: dict, rank: int, world: int, threads: int):
-        torch.set_num_threads(threads)
+    def __init__(self, cfg_data: dict, plan_data: dict, rank: int, world: int):
+        self.plan = Plan.from_dict(plan_data)
+        torch.set_num_threads(self.plan.rank_threads)
         self.cfg: Config = build_config(cfg_data)
         self.rank, self.world = rank, world
         self.trainer = None
@@ -98,8 +98,8 @@ class TrainerRank:
 
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # hidden states are read, not changed
         quiet_transformers()
-        cfg = self.cfg
-        device = resolve_device(cfg.run.device)
+        cfg, plan = self.cfg, self.plan
+        device = plan.torch_device
         if device.type == "cuda":  # Ray made this rank's GPU the only visible one
             device = torch.device("cuda", 0)
             torch.cuda.set_device(device)
@@ -114,16 +114,14 @@ class TrainerRank:
         )
         self.base_rss = cpu_rss_bytes()  # before the model: what a benchmark subtracts
         seed_everything(cfg.run.seed)  # every rank loads the same weights (an adapter's initialisation too)
-        precision = Precision.from_config(cfg.trainer.precision, device)
-        policy_path, _ = model_paths(cfg, log=lambda msg: None)
+        precision = Precision(plan.precision, device.type)
         # on a GPU the full model is read into host memory and sharded onto the GPU layer by layer
         # (model.dtype=auto resolved for the GPU it ends on: a LoRA policy's frozen base stays bf16)
         load_on, load_cfg = device, cfg
         if device.type == "cuda":
             load_on = torch.device("cpu")
-            dtype = str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")
-            load_cfg = with_values(cfg, {"model.dtype": dtype})
-        model = shard_policy(load_trainer_policy(load_cfg, policy_path, load_on, precision), precision, device)
+            load_cfg = with_values(cfg, {"model.dtype": plan.dtype})
+        model = shard_policy(load_trainer_policy(load_cfg, plan.policy, load_on, precision), precision, device)
         self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
         return self.trainer.packed, self.trainer.row_width
@@ -226,15 +224,21 @@ class RankGroup:
     gathers what they hold, and turns a rank's death into :class:`TrainerRankFailed`."""
 
     def __init__(
-        self, cfg: Config, pad_id: int, eos_ids: set[int], log=print, initial: dict[str, torch.Tensor] | None = None
+        self,
+        cfg: Config,
+        plan: Plan,
+        pad_id: int,
+        eos_ids: set[int],
+        log=print,
+        initial: dict[str, torch.Tensor] | None = None,
     ):
         """``initial``: weights to start from instead of what each rank loads (a LoRA adapter's
         initialisation, so that the ranks start where the driver's copy does)."""
         n = cfg.trainer.num_ranks
         check_fsdp2()
         self.size, self.cfg, self.closed = n, cfg, False
-        gpu = cfg.run.device != "cpu" and torch.cuda.is_available()
-        cpus = rank_cpus(cfg)
+        gpu = plan.torch_device.type == "cuda"
+        cpus = plan.rank_cpus
         bundle = {"GPU": 1, "CPU": cpus} if gpu else {"CPU": cpus}
         total = ray.cluster_resources()
         if any(total.get(key, 0) < n * amount for key, amount in bundle.items()):
@@ -251,15 +255,14 @@ class RankGroup:
                 f"120 s (free now: {free.get('CPU', 0):g} CPUs, {free.get('GPU', 0):g} GPUs); lower "
                 "trainer.num_ranks or runtime.rank_cpus"
             )
-        threads = max(1, int(cpus))
-        data = cfg.model_dump(mode="json")
+        data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
         self.actors = [
             TrainerRank.options(
                 num_cpus=cpus,
                 num_gpus=1 if gpu else 0,
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r),
-            ).remote(data, r, n, threads)
+            ).remote(data, plan_data, r, n)
             for r in range(n)
         ]
         host, port = self._call("address", [()], ranks=[0])[0]

@@ -15,7 +15,6 @@ from tba.console import summary_table
 from tba.evaluation import Evaluator, write_samples
 from tba.machine import describe_machine
 from tba.metrics import MetricsLogger, read_metrics
-from tba.models.loading import resolve_dtype
 from tba.models.precision import compute_as
 from tba.plots import plot_run
 from tba.runtime.build import Components, lazy_reference
@@ -37,7 +36,7 @@ def evaluate_policy(
         finally:
             c.searcher.reload_weights()
     else:
-        with compute_as(c.policy, resolve_dtype(cfg.model.dtype, c.trainer.device)):  # as searchers compute
+        with compute_as(c.policy, c.plan.torch_dtype):  # as searchers compute
             result = evaluator()
     if run_dir is not None:
         write_samples(run_dir, step, result.samples)
@@ -58,7 +57,7 @@ def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
             searcher = c.searcher
             reference = lambda: searcher.reference  # noqa: E731
         else:
-            reference = lazy_reference(cfg, c.policy)
+            reference = lazy_reference(cfg, c.plan, c.policy)
         engine = None
         if c.searcher is not None and cfg.generation.backend == "vllm":
             engine = c.searcher.generator

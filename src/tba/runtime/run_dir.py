@@ -23,9 +23,10 @@ from tba.config import Config, dump_config
 from tba.errors import RunDirError
 from tba.machine import describe_machine, machine_line
 from tba.metrics import check_backends, read_metrics
-from tba.models.loading import resolve_device
-from tba.runtime.build import Components, check_models, prepare_task
+from tba.plan import Plan, make_plan
+from tba.runtime.build import Components
 from tba.runtime.policy import seed_everything
+from tba.runtime.preflight import check_models, prepare_task
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -106,8 +107,8 @@ def prepare_run_dir(cfg: Config, run_dir: Path | None = None) -> Path:
     return run_dir
 
 
-START_FILES = ("config.yaml", "environment.json")
-"""What :func:`open_run` writes before anything else: the resolved config and the machine."""
+START_FILES = ("config.yaml", "environment.json", "plan.json")
+"""What :func:`open_run` writes before anything else: the resolved config, the machine, the plan."""
 
 
 def unstarted(run_dir: Path, step_zero: bool = False) -> bool:
@@ -142,30 +143,35 @@ def remove_unstarted(run_dir: Path, step_zero: bool = False) -> bool:
     return False
 
 
-def open_run(cfg: Config, console: Console) -> tuple[Config, Path, tuple]:
+def open_run(cfg: Config, console: Console, plan: Plan | None = None) -> tuple[Config, Path, tuple, Plan]:
     """Check everything a user can get wrong before the run directory exists, cheapest first: the
     run directory (a free name, or a checkpoint to resume), the packages of the logging backends
     that are on, the device, the task (dataset, prompt lengths, reward functions' dry run), the
     models (found, causal LMs; the demo model is built here on first use); then seed, create (or
-    reopen, on resume) the run directory, and write the resolved config and the machine
-    (``environment.json``: :func:`tba.machine.describe_machine`; a resume writes its own). Returns the config with
-    local paths made absolute, the run directory, and the prepared task. Each check raises a
-    :class:`tba.errors.UserError` that says what to fix."""
+    reopen, on resume) the run directory, and write the resolved config, the run plan (``plan.json``,
+    printed too: :mod:`tba.plan`) and the machine (``environment.json``:
+    :func:`tba.machine.describe_machine`; a resume writes its own). Returns the config with local
+    paths made absolute, the run directory, the prepared task and the plan (``plan``: one made
+    already for this config, else made here). Each check raises a :class:`tba.errors.UserError` that
+    says what to fix."""
 
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
     cfg = absolute_paths(cfg)
     run_dir = check_run_dir(cfg)
     check_backends(cfg.logging)
-    resolve_device(cfg.run.device)
+    plan = plan or make_plan(cfg)  # the device is checked here
     prepared = prepare_task(cfg, log)
-    check_models(cfg, log)
+    check_models(cfg, plan, log)
     seed_everything(cfg.run.seed)
     run_dir = prepare_run_dir(cfg, run_dir)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     (run_dir / "environment.json").write_text(json.dumps(describe_machine(), indent=2) + "\n")
     console.print(f"run directory: {run_dir}", highlight=False)
     console.print(f"machine: {machine_line()}", highlight=False)
-    return cfg, run_dir, prepared
+    plan.save(run_dir)
+    for line in plan.lines():
+        console.print(line, highlight=False, soft_wrap=True)
+    return cfg, run_dir, prepared, plan
 
 
 def save(c: Components, run_dir: Path, extra: dict | None = None) -> Path:

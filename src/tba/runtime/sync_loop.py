@@ -22,29 +22,32 @@ from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
+from tba.plan import Plan, make_plan
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
 from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
-from tba.runtime.run_dir import open_run, resume, save
+from tba.runtime.run_dir import absolute_paths, open_run, resume, save
 
 
 def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
+    plan = make_plan(absolute_paths(cfg))
     if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
-        with ray_session(cfg):
-            return _run(cfg, console)
-    return _run(cfg, console)
+        with ray_session(cfg, plan):
+            return _run(cfg, plan, console)
+    return _run(cfg, plan, console)
 
 
-def _run(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
+def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
     console = console or Console(stderr=True)
     start = time.time()
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+    if plan.trainer_threads:
+        torch.set_num_threads(plan.trainer_threads)
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
-    cfg, run_dir, prepared = open_run(cfg, chatter)
+    cfg, run_dir, prepared, plan = open_run(cfg, chatter, plan)
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
-    c = build_components(cfg, log, prepared=prepared)
+    c = build_components(cfg, log, prepared=prepared, plan=plan)
+    c.plan.save(run_dir)  # with the EOS ids
     metrics = None
     try:
         resumed = cfg.run.resume and resume(c, run_dir, log)

@@ -1,0 +1,323 @@
+"""The run plan: every decision a run takes from its config and the machine, resolved once at start.
+
+A config says what the user asked for, with ``auto`` wherever the machine or another setting should
+decide. :func:`make_plan` decides those once, before any model loads, from the config and a
+:class:`Hardware` description (detected, or written by hand in a test): the device, the dtypes and
+the trainer's precision, where the models come from, the runtime and how weights reach the
+searchers, the kind of generation stream, the lag bound and the other staleness settings, and the
+CPU threads and GPU shares of each process. ``tba train`` prints it (:meth:`Plan.lines`) and saves it
+in the run directory (``plan.json``); the builders, the trainer ranks and the Ray actors read it
+rather than resolving the config again. The one thing it learns after loading is the set of token
+ids that end a completion (:meth:`Plan.with_eos`), which needs the tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tba.config import ArithmeticTaskConfig, Config, ConfigError
+from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
+
+__all__ = ["Hardware", "Plan", "make_plan"]
+
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run's resolved decisions (see the module docstring). ``why`` says, for the decisions an
+    ``auto`` took, what took them."""
+
+    hardware: Hardware
+    device: str
+    """``cpu``, ``cuda`` or ``cuda:N``: where the trainer (and in the sync runtime, generation) runs."""
+    dtype: str
+    """Weights dtype of the searchers, the reference and evaluation (``model.dtype`` resolved)."""
+    precision: str
+    """The trainer's: ``fp32``, ``bf16-mixed`` or ``bf16`` (``trainer.precision`` resolved)."""
+    policy: str
+    """``model.policy`` as a loadable id or folder (a built-in model's folder, built or not yet)."""
+    reference: str
+    runtime: str
+    objective: str
+    transport: str
+    """How published weights reach the searchers: ``in_process`` (sync) or ``object_store`` (ray)."""
+    stream: str
+    """``batch`` (a ``generate`` call per batch), or a stream: ``vllm``, ``hf_continuous``, ``hf_refill``."""
+    lag_bound: int | None
+    """The ray runtime's bound on staleness in versions (``runtime.max_lag`` resolved; None: none)."""
+    extra_lag: int
+    flat_weight: float
+    trust_region: float | None
+    grad_clip: float | None
+    sampler_logprobs: str
+    """``none``, ``sampling_pass`` (HF, taken while sampling), ``teacher_forced`` (HF, a second pass) or
+    ``engine`` (vLLM's raw log-probs)."""
+    trainer_threads: int | None
+    """torch threads of the ``tba train`` process (None: torch's default, every core)."""
+    searcher_threads: int
+    rank_threads: int | None
+    rank_cpus: float | None
+    searcher_gpus: float | None
+    eval_gpus: float | None
+    eos_ids: tuple[int, ...] = ()
+    why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def with_eos(self, ids) -> Plan:
+        return dataclasses.replace(self, eos_ids=tuple(sorted(ids)))
+
+    def in_actor(self, gpu_ids: list) -> Plan:
+        """The plan as a Ray actor sees it: given GPUs (``ray.get_gpu_ids()``), Ray numbers them from
+        0, so ``cuda:N`` becomes ``cuda``."""
+        if gpu_ids and self.device.startswith("cuda:"):
+            return dataclasses.replace(self, device="cuda")
+        return self
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["eos_ids"] = list(self.eos_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        data = dict(data)
+        data["hardware"] = Hardware(**data["hardware"])
+        data["eos_ids"] = tuple(data.get("eos_ids", ()))
+        return cls(**data)
+
+    def save(self, run_dir: Path) -> Path:
+        path = Path(run_dir) / PLAN_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Plan:
+        return cls.from_dict(json.loads((Path(run_dir) / PLAN_FILE).read_text()))
+
+    def lines(self) -> list[str]:
+        """The plan as ``tba train`` prints it at start."""
+        ref = "the policy" if self.reference == self.policy else self.reference
+        out = [
+            f"plan: {self.runtime} runtime on {self.device} ({self.hardware.describe()}); "
+            f"weights {self.dtype}, trainer {self.precision}",
+            f"  policy {self.policy}; reference {ref}",
+        ]
+        if self.runtime == "ray":
+            gpus = f", {self.searcher_gpus:g} GPU each" if self.searcher_gpus else ""
+            threads = "torch's default" if self.trainer_threads is None else self.trainer_threads
+            out.append(
+                f"  searchers: {self.searcher_threads} thread(s){gpus}; trainer: {threads} thread(s); "
+                f"weights by {self.transport.replace('_', ' ')}; lag bound {self.lag_bound}"
+            )
+        elif self.extra_lag:
+            out.append(f"  searcher weights exactly {self.extra_lag} step(s) old (runtime.extra_lag)")
+        band = self.objective
+        if self.objective == "tb":
+            band = "plain TB" if self.trust_region is None else f"TB with the sequence band {self.trust_region:g}"
+        out.append(
+            f"  generation: {self.stream.replace('_', ' ')}; "
+            f"sampler log-probs: {self.sampler_logprobs.replace('_', ' ')}; "
+            f"buffer flat weight {self.flat_weight:g}; {band}; "
+            + ("no gradient clipping" if self.grad_clip is None else f"gradient norm clipped at {self.grad_clip:g}")
+        )
+        out += [f"  {key}: {reason}" for key, reason in self.why.items()]
+        return out
+
+
+def builtin_setting(name: str, cfg: Config) -> ArithmeticTaskConfig | None:
+    """The arithmetic setting a built-in model (``builtin:...``) is warm-started on: the run's task
+    when it is arithmetic, else the model's default one; None for a model that is not built in."""
+    from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
+
+    if not name.startswith(BUILTIN_PREFIX):
+        return None
+    if name == TOOL_MODEL:  # warm-started on calculator traces of the arithmetic task's setting
+        return cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig(digits=3, operators="*")
+    if name == "builtin:tiny-arithmetic":
+        return cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig()
+    raise ConfigError(
+        f"unknown built-in model {name!r}; the built-in models are builtin:tiny-arithmetic and {TOOL_MODEL}"
+    )
+
+
+def model_location(name: str, cfg: Config) -> str:
+    """Where ``name`` (``model.policy`` or ``model.reference``) loads from, without loading or
+    building anything: a hub id or path as given; a built-in model's shipped or cached folder."""
+    from tba.demo import TOOL_MODEL, TOOL_SPEC, shipped, tiny_model_path
+
+    warm = builtin_setting(name, cfg)
+    if warm is None:
+        return name
+    if name == TOOL_MODEL:
+        path = tiny_model_path(warm, cfg.model.cache_dir, TOOL_SPEC, kind="tiny-tools")
+    else:
+        path = tiny_model_path(warm, cfg.model.cache_dir)
+    return str(shipped(path.name) or path)
+
+
+def searcher_cpus(cfg: Config) -> float:
+    """The CPUs that the ray runtime reserves for its searchers and its evaluation actor."""
+    r = cfg.runtime
+    return r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
+
+
+def rank_cpus(cfg: Config, cpus: int) -> float:
+    """``runtime.rank_cpus``, by default the ``cpus`` that searchers and evaluation leave (one kept
+    for the ``tba train`` process in the sync runtime, which generates), split over the ranks."""
+    r = cfg.runtime
+    if r.rank_cpus is not None:
+        return r.rank_cpus
+    taken = searcher_cpus(cfg) if r.type == "ray" else 1
+    return round(max(1.0, cpus - taken) / cfg.trainer.num_ranks, 4)
+
+
+def trainer_threads(cfg: Config, cpus: int) -> int:
+    """The ray runtime's trainer: ``runtime.trainer_cpus``, else the local cores the searchers (and
+    ranks) leave; joining a cluster, every local core (the searchers may be elsewhere)."""
+    if cfg.runtime.trainer_cpus:
+        return cfg.runtime.trainer_cpus
+    if cfg.runtime.address:
+        return cpus
+    taken = searcher_cpus(cfg)
+    if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
+        taken += cfg.trainer.num_ranks * rank_cpus(cfg, cpus)
+    return max(1, int(cpus - taken))
+
+
+def share_of(actors: int, gpus: float, with_trainer: bool) -> float:
+    """One actor's share when ``actors`` share ``gpus`` GPUs (and the trainer too, on the only GPU,
+    when ``with_trainer``): a whole GPU each if there are enough, else 1/n of one with n per GPU."""
+    if with_trainer:
+        return 1.0 / (actors + 1)
+    per_gpu = math.ceil(actors / int(gpus))
+    return 1.0 if per_gpu == 1 else 1.0 / per_gpu
+
+
+def actor_gpu_shares(cfg: Config, device: str, ray_gpus: float, trainer_gpu_shared: bool) -> tuple[float, float]:
+    """(``runtime.searcher_gpus``, ``eval.eval_gpus``): as given, else derived from the GPUs Ray has
+    (``ray_gpus``; ``trainer_gpu_shared``: they are the trainer's one GPU). A CPU run gives actors no
+    GPU. Raises :class:`ConfigError` for a CUDA run whose actors would get none."""
+    r, e = cfg.runtime, cfg.eval
+    searcher, evaluation = r.searcher_gpus, e.eval_gpus
+    if not device.startswith("cuda"):
+        return searcher or 0.0, evaluation or 0.0
+    wanted = [("runtime.searcher_gpus", searcher)] + ([("eval.eval_gpus", evaluation)] if e.async_ else [])
+    for key, value in wanted:
+        if value == 0:
+            raise ConfigError(
+                f"{key}=0 on a CUDA run (run.device={cfg.run.device}): Ray gives an actor that asks for no GPU "
+                "none of its own (it sees no GPU, or all of them uncounted, by Ray's version). Give it a share "
+                f"(e.g. {key}=0.5) or leave it unset"
+            )
+    actors = (r.num_searchers if searcher is None else 0) + (1 if e.async_ and evaluation is None else 0)
+    if actors:
+        free = ray_gpus - (cfg.trainer.num_ranks if cfg.trainer.num_ranks > 1 else 0)
+        if free < 1:
+            raise ConfigError(
+                f"run.device={cfg.run.device}: Ray has {ray_gpus:g} GPU(s) and the trainer ranks take "
+                f"{cfg.trainer.num_ranks}, leaving none for the searchers{' and evaluation' if e.async_ else ''}; "
+                "set runtime.searcher_gpus (and eval.eval_gpus) to share theirs, or lower trainer.num_ranks"
+            )
+        share = share_of(actors, free, trainer_gpu_shared and cfg.trainer.num_ranks == 1)
+        searcher = share if searcher is None else searcher
+        evaluation = share if evaluation is None and e.async_ else evaluation
+    return searcher, evaluation or 0.0
+
+
+def local_ray_gpus(cfg: Config, device: str, hardware: Hardware) -> tuple[int, bool]:
+    """The GPUs a local Ray instance gets, and whether they are the trainer's own one: every GPU
+    but the trainer's when there are several (see :mod:`tba.runtime.cluster`)."""
+    trains_here = device.startswith("cuda") and not (cfg.runtime.type == "ray" and cfg.trainer.num_ranks > 1)
+    if trains_here and hardware.gpus >= 2:
+        return hardware.gpus - 1, False
+    return hardware.gpus, hardware.gpus == 1
+
+
+def stream_kind(cfg: Config, device: str) -> str:
+    """The searcher's generation: ``batch``, or the stream it runs (``vllm``, ``hf_continuous``,
+    ``hf_refill``); HF's continuous batching may still fall back to refills when the model cannot
+    serve it (said when the searcher is built)."""
+    g = cfg.generation
+    if cfg.task.multi_turn or not g.streams(cfg.runtime.type, "cuda" if device.startswith("cuda") else "cpu"):
+        return "batch"
+    if g.backend == "vllm":
+        return "vllm"
+    exact = cfg.runtime.type == "sync"
+    return "hf_continuous" if not exact and g.hf_stream == "continuous" else "hf_refill"
+
+
+def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
+    """The plan of ``cfg`` on ``hardware`` (default: this machine's). Loads nothing; raises
+    :class:`ConfigError` for a device the machine does not have."""
+    hw = hardware or Hardware.detect()
+    device = resolve_device_name(cfg.run.device, hw)
+    o, r, g = cfg.objective, cfg.runtime, cfg.generation
+    why: dict[str, str] = {}
+    ray_runtime = r.type == "ray"
+    searcher_gpus, eval_gpus = r.searcher_gpus, cfg.eval.eval_gpus
+    if ray_runtime and not r.address:  # a cluster's GPUs are known once joined (run_ray fills them in then)
+        ray_gpus, shared = local_ray_gpus(cfg, device, hw)
+        searcher_gpus, eval_gpus = actor_gpu_shares(cfg, device, ray_gpus, shared)
+        if device.startswith("cuda") and r.searcher_gpus is None:
+            whose = "the trainer shares its one GPU" if shared else f"{ray_gpus} GPU(s) for the actors"
+            why["searcher_gpus"] = f"{searcher_gpus:g} of a GPU each: {whose}"
+    if o.type == "tb" and o.tb_trust_region == "auto":
+        why["trust_region"] = (
+            "the sequence band, as the searchers' weights lag by design"
+            if o.trust_region is not None
+            else "plain TB: the searcher's weights are the newest in the sync runtime"
+        )
+    if ray_runtime and r.max_lag == "auto":
+        why["lag_bound"] = f"4 x trainer.sync_interval ({cfg.trainer.sync_interval})"
+    threads = cfg.run.threads or (trainer_threads(cfg, hw.cpus) if ray_runtime else None)
+    if ray_runtime and not cfg.run.threads and not r.trainer_cpus:
+        why["trainer_threads"] = f"the {hw.cpus} core(s) less the searchers' {searcher_cpus(cfg):g}"
+    ranks = cfg.trainer.num_ranks > 1
+    rank_share = rank_cpus(cfg, hw.cpus) if ranks else None
+    if not o.needs_sampler_logps:
+        logprobs = "none"
+    elif g.backend == "vllm":
+        logprobs = "engine"  # the engine's raw log-probs of what it sampled
+    else:
+        logprobs = "sampling_pass" if o.type == "tb" else "teacher_forced"  # ratio objectives: ratios start at 1
+    return Plan(
+        hardware=hw,
+        device=device,
+        dtype=resolve_dtype_name(cfg.model.dtype, device, hw),
+        precision=resolve_precision_name(cfg.trainer.precision, device, hw),
+        policy=model_location(cfg.model.policy, cfg),
+        reference=model_location(cfg.model.reference, cfg)
+        if cfg.model.reference
+        else model_location(cfg.model.policy, cfg),
+        runtime=r.type,
+        objective=o.type,
+        transport="object_store" if ray_runtime else "in_process",
+        stream=stream_kind(cfg, device),
+        lag_bound=r.lag_bound(cfg.trainer.sync_interval) if ray_runtime else None,
+        extra_lag=r.extra_lag,
+        flat_weight=cfg.buffer.resolved_flat_weight(r.type),
+        trust_region=o.trust_region if o.type == "tb" else None,
+        grad_clip=cfg.trainer.clip_norm(o.type),
+        sampler_logprobs=logprobs,
+        trainer_threads=threads,
+        searcher_threads=max(1, int(r.searcher_cpus)),
+        rank_threads=max(1, int(rank_share)) if rank_share else None,
+        rank_cpus=rank_share,
+        searcher_gpus=searcher_gpus,
+        eval_gpus=eval_gpus,
+        why=why,
+    )

@@ -1,0 +1,61 @@
+"""Checks before anything heavy loads, cheapest first: the task and its tokenizer (the dataset
+loads, prompts fit, reward functions score two rows), then the models (built-in ones built on first
+use; found and causal LMs, from their configs alone). ``tba train`` runs them before the run
+directory exists; the builders (:mod:`tba.runtime.build`) and ``tba eval`` too."""
+
+from __future__ import annotations
+
+from tba.config import Config, ConfigError
+from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
+from tba.generation.turns import make_conversations
+from tba.generation.vllm_backend import check_vllm_backend
+from tba.models.loading import check_causal_lm, eos_ids, load_tokenizer
+from tba.models.lora import check_lora_config
+from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
+from tba.plan import Plan
+from tba.runtime.policy import model_paths, quiet_transformers
+from tba.tasks import Task, build_task
+
+
+def check_models(cfg: Config, plan: Plan, log=print) -> None:
+    """Build the built-in models the plan names on first use, and check, from their configs alone,
+    that the policy and the reference exist and are causal LMs: before the run directory exists."""
+    built = model_paths(cfg, log)  # builds a built-in model where the plan expects it
+    if built != (plan.policy, plan.reference):
+        raise RuntimeError(
+            f"the models were built at {built}, not where the plan says ({plan.policy}, {plan.reference})"
+        )
+    config = check_causal_lm(plan.policy, cfg.model.trust_remote_code, what="model.policy")
+    if plan.reference != plan.policy:
+        check_causal_lm(plan.reference, cfg.model.trust_remote_code, what="model.reference")
+    if cfg.generation.backend == "vllm":
+        check_vllm_backend(config, plan.torch_device, sleep=cfg.generation.vllm.sleep)
+
+
+def make_task(cfg: Config, tokenizer=None, log=print) -> Task:
+    return build_task(cfg.task, tokenizer=tokenizer, chat_template=cfg.model.chat_template, log=log)
+
+
+def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
+    """The task and the tokenizer, checked before any model is loaded (or, for the demo model,
+    built): the dataset loads, its prompts fit, and the reward functions score two evaluation
+    rows; ``model.lora`` settings fit LoRA's reference. Raises with a message that says what to fix."""
+    quiet_transformers()
+    check_lora_config(cfg)
+    m = cfg.model
+    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # its tokenizer, without building the model
+        tokenizer = build_tool_tokenizer() if m.policy == TOOL_MODEL else build_char_tokenizer()
+    else:
+        what = "model.tokenizer" if m.tokenizer else "model.policy"
+        tokenizer = load_tokenizer(m.tokenizer or m.policy, m.trust_remote_code, what=what)
+    task = make_task(cfg, tokenizer, log)
+    task.check()
+    if cfg.task.multi_turn:  # the tools load and the template can call them, before any model is loaded
+        make_conversations(cfg.task, tokenizer, eos_ids(tokenizer, None, m.eos_tokens, m.chat_template)).close()
+    if cfg.eval.samples > 1 and not task.success_scores:
+        raise ConfigError(
+            f"eval.samples={cfg.eval.samples} asks for pass@k, which needs a success score: "
+            "set task.success_threshold (a reward at or above it is a success)"
+        )
+    log(task.describe())
+    return task, tokenizer

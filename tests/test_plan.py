@@ -1,0 +1,92 @@
+"""The run plan (``tba.plan``): every ``auto`` decided once, from the config and a hardware
+description, without loading a model; saved beside the run and read back as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tba.config import ConfigError, load_config
+from tba.plan import Hardware, Plan, make_plan
+
+TWO_CORES = Hardware(cpus=2)
+ONE_H100 = Hardware(cpus=16, gpus=1, bf16=True)
+
+
+def plan(overrides: list[str], hardware: Hardware = TWO_CORES) -> Plan:
+    return make_plan(load_config(None, overrides), hardware)
+
+
+def test_two_cores_ray_split_the_cores_and_take_the_band_and_the_lag_bound():
+    p = plan(["--runtime.type=ray"])
+    assert (p.device, p.dtype, p.precision) == ("cpu", "float32", "fp32")
+    assert (p.trainer_threads, p.searcher_threads) == (1, 1)  # one core each, not four threads on two
+    assert (p.transport, p.lag_bound, p.flat_weight, p.trust_region) == ("object_store", 4, 0.0, 0.5)
+    assert p.sampler_logprobs == "sampling_pass" and p.stream == "batch"
+    assert (p.searcher_gpus, p.eval_gpus) == (0.0, 0.0)
+    assert "lag_bound" in p.why and "trust_region" in p.why
+
+
+def test_sync_keeps_plain_tb_every_core_and_no_lag_bound():
+    sync = ["--runtime.type=sync"]
+    p = plan(sync)
+    assert (p.runtime, p.transport, p.lag_bound, p.trust_region) == ("sync", "in_process", None, None)
+    assert p.trainer_threads is None and p.flat_weight == 1.0 and p.sampler_logprobs == "none"
+    assert plan([*sync, "--runtime.extra_lag=2"]).trust_region == 0.5  # stale by design: the band
+    assert plan([*sync, "--run.threads=3"]).trainer_threads == 3
+    assert plan([*sync, "--objective.type=grpo"]).sampler_logprobs == "teacher_forced"
+    assert plan([*sync, "--objective.type=grpo", "--generation.backend=vllm"]).sampler_logprobs == "engine"
+
+
+def test_a_gpu_resolves_dtypes_and_shares_it_with_the_searcher():
+    p = plan(["--runtime.type=ray"], ONE_H100)
+    assert (p.device, p.dtype, p.precision) == ("cuda", "bfloat16", "bf16-mixed")
+    assert p.searcher_gpus == 0.5 and "searcher_gpus" in p.why  # the trainer counts as one more
+    four = plan(["--runtime.type=ray", "--runtime.num_searchers=3"], Hardware(cpus=16, gpus=4, bf16=True))
+    assert four.searcher_gpus == 1.0  # three GPUs besides the trainer's: one each
+    old = Hardware(cpus=8, gpus=1, bf16=False)  # before Ampere
+    assert (plan([], old).dtype, plan([], old).precision, plan([], old).searcher_gpus) == ("float32", "fp32", 0.5)
+    with pytest.raises(ConfigError, match="no bfloat16 support"):
+        plan(["--trainer.precision=bf16-mixed"], old)
+
+
+def test_a_device_the_machine_lacks_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="no CUDA device is visible; use run.device=cpu"):
+        plan(["--run.device=cuda"])
+    with pytest.raises(ConfigError, match=r"only 1 GPU\(s\) are visible"):
+        plan(["--run.device=cuda:1"], ONE_H100)
+    with pytest.raises(ConfigError, match="is not a device"):
+        plan(["--run.device=gpu0"])
+
+
+def test_ranks_and_threads_follow_the_cores():
+    p = plan(["--runtime.type=sync", "--trainer.num_ranks=2", "--trainer.batch_prompts=4"], Hardware(cpus=9))
+    assert (p.rank_cpus, p.rank_threads) == (4.0, 4)  # one core kept for generation, the rest split
+    r = plan(["--runtime.type=ray", "--runtime.num_searchers=2", "--runtime.searcher_cpus=2"], Hardware(cpus=8))
+    assert (r.trainer_threads, r.searcher_threads) == (4, 2)
+
+
+def test_a_builtin_model_is_located_without_being_built(tmp_path):
+    p = plan([f"--model.cache_dir={tmp_path}", "--task.digits=1", "--task.operators=*"])
+    assert p.policy == p.reference and p.policy.startswith(str(tmp_path / "tiny-arithmetic-"))
+    assert not any(tmp_path.iterdir())  # nothing built or loaded to plan
+
+
+def test_the_plan_is_saved_read_back_and_printed(tmp_path):
+    p = plan(["--runtime.type=ray"], ONE_H100).with_eos({5, 2})
+    p.save(tmp_path)
+    assert Plan.load(tmp_path) == p and p.eos_ids == (2, 5)
+    lines = p.lines()
+    assert lines[0].startswith("plan: ray runtime on cuda (16 CPU cores, 1 GPU)")
+    assert any("weights by object store; lag bound 4" in line for line in lines)
+
+
+def test_tba_train_prints_the_plan_without_loading_and_refuses_a_missing_device(capsys):
+    from tba.cli import main
+
+    assert main(["train", "--print-plan", "--runtime.type=sync", "--objective.type=grpo"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("plan: sync runtime on cpu") and "grpo" in out[-1]
+    if not torch.cuda.is_available():
+        assert main(["train", "--print-plan", "--run.device=cuda"]) == 2
+        assert "no CUDA device is visible; use run.device=cpu" in capsys.readouterr().err
