@@ -25,7 +25,7 @@ load seconds include what the trainer takes from the cores meanwhile.
 Printed per arm, medians over the steps after the first: the trainer's step (``train/step_s``),
 the seconds of publication on the trainer's path (``train/publish_s``) and their share of the
 step, the publisher thread's seconds, and the receiver's fetch and load seconds. Results go to
-``--out``/results.json with the machine.
+``--out``/results.json with the machine (a row run again replaces its old one; the others stay).
 """
 
 from __future__ import annotations
@@ -177,7 +177,8 @@ def run_arm(size: str, dtype: str, arm: str, steps: int, prompts: int, length: i
     step_s = med([r["train/step_s"] for r in rows])
     path_s = med([r.get("train/publish_s", 0.0) for r in rows])
     background = [r["weights/publish_background_s"] for r in rows if "weights/publish_background_s" in r]
-    published_mb = sum(v.numel() * v.element_size() for v in cast_floats(model.state_dict(), DTYPES[dtype]).values())
+    published = {v.data_ptr(): v for v in cast_floats(model.state_dict(), DTYPES[dtype]).values()}  # tied: once
+    published_mb = sum(v.numel() * v.element_size() for v in published.values())
     return {
         "size": size,
         "params_m": round(params / 1e6, 1),
@@ -225,7 +226,11 @@ def main() -> None:
     finally:
         ray.shutdown()
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps({"environment": describe_machine(), "rows": rows}, indent=2) + "\n")
+    path = a.out / "results.json"
+    ran = {(r["size"], r["dtype"], r["arm"]) for r in rows}
+    kept = json.loads(path.read_text())["rows"] if path.is_file() else []  # rows this invocation did not run
+    rows = [r for r in kept if (r["size"], r["dtype"], r["arm"]) not in ran] + rows
+    path.write_text(json.dumps({"environment": describe_machine(), "rows": rows}, indent=2) + "\n")
     print(f"wrote {a.out / 'results.json'}")
 
 

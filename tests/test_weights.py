@@ -125,6 +125,20 @@ def test_settle_does_not_wait_for_a_publication_of_its_own_copy():
     publisher.close()
 
 
+def test_a_cast_on_the_thread_frees_the_optimizer_before_the_store_is_done():
+    store = GatedStore()
+    publisher = BackgroundPublisher(store)
+    live = state(1.5)
+    publisher.publish(live, 0, aliases=True, prepare=lambda s: {k: v.to(torch.bfloat16) for k, v in s.items()})
+    store.started.wait()  # the cast ran; the store is still busy
+    publisher.settle()  # returns with the gate closed: the publication reads its own copy
+    live["w"].add_(1.0)
+    store.gate.set()
+    publisher.close()
+    got = store.fetch(-1)[1]["w"]
+    assert got.dtype == torch.bfloat16 and torch.equal(got, torch.full((3,), 1.5, dtype=torch.bfloat16))
+
+
 def test_a_publisher_error_reaches_the_trainer_on_its_next_call():
     store = GatedStore()
     publisher = BackgroundPublisher(store)
@@ -138,9 +152,11 @@ def test_a_publisher_error_reaches_the_trainer_on_its_next_call():
         publisher.publish(state(1.0), 1)
 
 
-def test_steps_with_publication_in_flight_train_the_same_weights(tokenizer):
-    """fp32 weights alias what is published: the optimizer waits for each copy, and the result is
-    the same, bit for bit, as publishing in line; every version lands in the store."""
+@pytest.mark.parametrize("publish_dtype", [None, torch.bfloat16])
+def test_steps_with_publication_in_flight_train_the_same_weights(tokenizer, publish_dtype):
+    """fp32 weights alias what is published (None: no cast; bfloat16: cast on the publisher's
+    thread): the optimizer waits for each copy or cast, and the result is the same, bit for bit, as
+    publishing in line; every version lands in the store."""
     from tests.conftest import SMALL
 
     from tba.models.tiny import build_tiny_llama
@@ -152,13 +168,14 @@ def test_steps_with_publication_in_flight_train_the_same_weights(tokenizer):
         weights = BackgroundPublisher(store) if background else store
         buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
         trainer = make_trainer(model, tokenizer, buffer, weights, sync_interval=1)
+        trainer.publish_dtype = publish_dtype
         for g in synthetic_groups(tokenizer, n_prompts=6, k=4):
             buffer.add(g, step=0)
         trainer.publish()
         trainer.flush_publication()
         metrics = [trainer.step() for _ in range(4)]
         if background:
-            assert shares_memory(trainer.published_state(), model)  # fp32: no cast, the live weights
+            assert shares_memory(trainer.published_state(), model) == (publish_dtype is None)
             assert all("weights/publish_background_s" in m for m in metrics)
             weights.close()
         assert all(m["train/publish_s"] >= 0 for m in metrics)

@@ -273,9 +273,15 @@ class Trainer:
         start = time.perf_counter()
         if self.ranks is not None:
             self.ranks.publish(self.weights, self.version, self.publish_dtype)
-        elif self.publisher is not None:
-            state = self.published_state()
-            self.publisher.publish(state, self.version, aliases=shares_memory(state, self.model))
+        elif self.publisher is not None:  # a cast that copies runs on the publisher's thread too
+            state = published_state(self.model)
+            dtype = self.publish_dtype
+            floats = [v for v in state.values() if v.is_floating_point()]
+            if dtype is not None and floats and all(v.dtype != dtype for v in floats):  # a copy of each trained tensor
+                self.publisher.publish(state, self.version, aliases=True, prepare=lambda s: cast_floats(s, dtype))
+            else:
+                state = self.published_state()
+                self.publisher.publish(state, self.version, aliases=shares_memory(state, self.model))
         else:
             self.weights.publish(self.published_state(), self.version)
         if self.publisher is None:

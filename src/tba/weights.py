@@ -158,8 +158,10 @@ class BackgroundPublisher:
         self._thread = threading.Thread(target=self._run, name="tba-publisher", daemon=True)
         self._thread.start()
 
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int, aliases: bool = True) -> None:
-        """Hand ``state_dict`` over as ``version`` (``aliases``: it shares memory with the live weights)."""
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int, aliases: bool = True, prepare=None) -> None:
+        """Hand ``state_dict`` over as ``version`` (``aliases``: it shares memory with the live
+        weights). ``prepare``: a function the thread applies first that returns tensors of their
+        own (the cast to the searchers' dtype); the state counts as live until it has run."""
         ready = None
         if any(v.is_cuda for v in state_dict.values()):  # the copy starts after what is queued now
             ready = torch.cuda.Event()
@@ -170,7 +172,7 @@ class BackgroundPublisher:
                 raise RuntimeError("the publisher is closed")
             if self._pending is not None:
                 self.superseded += 1
-            self._pending = (state_dict, version, aliases, ready)
+            self._pending = (state_dict, version, aliases, ready, prepare)
             self._cond.notify_all()
 
     def settle(self) -> float:
@@ -243,10 +245,19 @@ class BackgroundPublisher:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
                 if self._pending is None:
                     return
-                state, version, aliases, ready = self._pending
+                state, version, aliases, ready, prepare = self._pending
                 self._pending, self._busy_live = None, aliases
             start = time.perf_counter()
             try:
+                if prepare is not None:
+                    state = prepare(state)
+                    if ready is not None:  # the staging copy starts after the kernels prepare queued
+                        ready = torch.cuda.Event()
+                        ready.record()
+                    else:  # tensors of its own now: the optimizer may go on
+                        with self._cond:
+                            self._busy_live = False
+                            self._cond.notify_all()
                 if ready is not None:
                     state = self._stage(state, ready)
                     with self._cond:  # the publication reads its own host copy from here on

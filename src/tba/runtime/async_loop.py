@@ -9,11 +9,13 @@
 Neither loop waits for the other after the initial fill. Groups travel through a small ``Inbox``
 actor (searchers append, the trainer takes everything at once), weights through a
 ``WeightBoard`` actor that holds a reference to the newest state dict in Ray's object store:
-publishing is one ``ray.put`` and a tiny call, so a slow or dead searcher cannot block it.
-Searchers check between two generation batches whether a newer version exists.
+publishing is one ``ray.put`` and a tiny call, on a thread of its own
+(:class:`tba.weights.BackgroundPublisher`) while the trainer takes its next step, so neither the
+copy nor a slow or dead searcher holds the trainer up. Searchers check between two generation
+batches whether a newer version exists.
 
-Ray, threads and GPU shares: :mod:`tba.runtime.cluster`; the actors: :mod:`tba.runtime.actors` and
-:mod:`tba.runtime.weight_board`. A searcher whose process dies is restarted
+Threads and GPU shares are the run plan's (:mod:`tba.plan`); Ray: :mod:`tba.runtime.cluster`; the
+actors: :mod:`tba.runtime.actors` and :mod:`tba.runtime.weight_board`. A searcher whose process dies is restarted
 (:mod:`tba.runtime.restarts`); one that raises ends the run.
 """
 
