@@ -294,15 +294,14 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         logprobs = "engine"  # the engine's raw log-probs of what it sampled
     else:
         logprobs = "sampling_pass" if o.type == "tb" else "teacher_forced"  # ratio objectives: ratios start at 1
+    policy = model_location(cfg.model.policy, cfg)  # (a shipped model's weights are hashed: once)
     return Plan(
         hardware=hw,
         device=device,
         dtype=resolve_dtype_name(cfg.model.dtype, device, hw),
         precision=resolve_precision_name(cfg.trainer.precision, device, hw),
-        policy=model_location(cfg.model.policy, cfg),
-        reference=model_location(cfg.model.reference, cfg)
-        if cfg.model.reference
-        else model_location(cfg.model.policy, cfg),
+        policy=policy,
+        reference=model_location(cfg.model.reference, cfg) if cfg.model.reference else policy,
         runtime=r.type,
         objective=o.type,
         transport="object_store" if ray_runtime else "in_process",
