@@ -238,11 +238,17 @@ def actor_gpu_shares(cfg: Config, device: str, ray_gpus: float, trainer_gpu_shar
     return searcher, evaluation or 0.0
 
 
+def driver_holds_gpu(cfg: Config, device: str) -> bool:
+    """Whether the ``tba train`` process uses a GPU that Ray must not hand out: it trains (and in the
+    sync runtime with ranks, generates and keeps the policy copy) on ``device``; the ray runtime
+    with trainer ranks keeps its copy on the CPU."""
+    return device.startswith("cuda") and not (cfg.runtime.type == "ray" and cfg.trainer.num_ranks > 1)
+
+
 def local_ray_gpus(cfg: Config, device: str, hardware: Hardware) -> tuple[int, bool]:
     """The GPUs a local Ray instance gets, and whether they are the trainer's own one: every GPU
     but the trainer's when there are several (see :mod:`tba.runtime.cluster`)."""
-    trains_here = device.startswith("cuda") and not (cfg.runtime.type == "ray" and cfg.trainer.num_ranks > 1)
-    if trains_here and hardware.gpus >= 2:
+    if driver_holds_gpu(cfg, device) and hardware.gpus >= 2:
         return hardware.gpus - 1, False
     return hardware.gpus, hardware.gpus == 1
 

@@ -280,7 +280,7 @@ class Trainer:
             if dtype is not None and floats and all(v.dtype != dtype for v in floats):  # a copy of each trained tensor
                 self.publisher.publish(state, self.version, aliases=True, prepare=lambda s: cast_floats(s, dtype))
             else:
-                state = self.published_state()
+                state = cast_floats(state, dtype)  # as published_state(): no copy, or a few tensors
                 self.publisher.publish(state, self.version, aliases=shares_memory(state, self.model))
         else:
             self.weights.publish(self.published_state(), self.version)

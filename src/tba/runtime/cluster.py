@@ -37,14 +37,15 @@ import torch
 
 from tba.config import Config
 from tba.errors import interrupt_on_sigterm
-from tba.plan import Plan
+from tba.plan import Plan, driver_holds_gpu
 from tba.runtime import watchdog as watchdog_module
 
 
-def init_ray(cfg: Config, trainer_device: torch.device | None = None) -> bool:
+def init_ray(cfg: Config, trainer_device: torch.device | None = None, gpus: int | None = None) -> bool:
     """Join the configured cluster, or start a local instance; True if we started it. A local
     instance gets every GPU but the trainer's when the machine has several (:func:`searcher_gpu_ids`):
-    Ray hands GPUs out without knowing that this process trains on one."""
+    Ray hands GPUs out without knowing that this process trains on one. ``gpus``: the visible GPUs
+    as the run plan counted them (None: ask CUDA)."""
     if ray.is_initialized():
         return False
     quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
@@ -52,7 +53,10 @@ def init_ray(cfg: Config, trainer_device: torch.device | None = None) -> bool:
         ray.init(address=cfg.runtime.address, **quiet)
         return True  # our connection; ray.shutdown() disconnects without stopping the cluster
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = torch.cuda.device_count() if trainer_device is not None and trainer_device.type == "cuda" else 0
+    if trainer_device is None or trainer_device.type != "cuda":
+        count = 0
+    else:  # the plan's count of visible GPUs, else CUDA's
+        count = torch.cuda.device_count() if gpus is None else gpus
     others = searcher_gpu_ids(trainer_device or torch.device("cpu"), visible, count)
     if others is not None:  # Ray's node manager reads the variable when it starts; this process keeps its own
         os.environ["CUDA_VISIBLE_DEVICES"] = others
@@ -100,7 +104,7 @@ def ray_session(cfg: Config, plan: Plan):
     watchdog = start_watchdog(cfg)
     started, old_sigterm = False, None
     try:
-        started = init_ray(cfg, driver_device(cfg, plan.torch_device))
+        started = init_ray(cfg, driver_device(cfg, plan.torch_device), plan.hardware.gpus)
         old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
         yield started
     finally:
@@ -129,11 +133,8 @@ def searcher_gpu_ids(trainer_device: torch.device, visible: str | None, count: i
 
 def driver_device(cfg: Config, device: torch.device) -> torch.device | None:
     """The device of the ``tba train`` process that Ray must not hand out (None: it uses none Ray
-    knows of). The ray runtime with trainer ranks keeps its policy copy on the CPU; every other set-up
-    trains or generates on ``device`` (the sync runtime with ranks: the engine and the policy copy)."""
-    if cfg.runtime.type == "ray" and cfg.trainer.num_ranks > 1:
-        return None
-    return device if device.type == "cuda" else None
+    knows of; :func:`tba.plan.driver_holds_gpu`)."""
+    return device if driver_holds_gpu(cfg, str(device)) else None
 
 
 def one_engine_at_a_time(cfg: Config, plan: Plan, trainer_gpu_shared: bool) -> bool:
