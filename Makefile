@@ -40,8 +40,10 @@ $(COMPILED): $(VLLM_CPU)
 	-$(VENV)/bin/python -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1
 	touch $(COMPILED)
 
+# The demo shows asynchrony: runtime.type=ray. Left to auto, a CPU-only machine trains in the sync
+# runtime, where searchers would share the trainer's cores (docs/runtimes.md, "Choosing the runtime").
 demo: $(STAMP)
-	$(VENV)/bin/tba train
+	$(VENV)/bin/tba train --runtime.type=ray
 
 example: $(STAMP)
 	$(VENV)/bin/tba train configs/custom_task.yaml

@@ -60,7 +60,7 @@ def test_reexec_sets_the_preload_and_keeps_the_arguments(monkeypatch):
 def test_a_bad_choice_stops_tba_train_in_one_line(tmp_path):
     env = {**os.environ, allocator.ENV_CHOICE: "fast"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tba", "train", f"--run.output_dir={tmp_path}"],
+        [sys.executable, "-m", "tba", "train", "--runtime.type=ray", f"--run.output_dir={tmp_path}"],
         capture_output=True,
         text=True,
         env=env,

@@ -21,9 +21,10 @@ SMALL_DEMO = [
     "--eval.every=30",
     "--run.seed=0",
 ]
-# The sync runtime: one process, the same completions and steps on every run on one machine, so
-# whether it learns does not depend on how fast a searcher runs beside the trainer. The ray
-# runtime's runs (tests/test_ray_runtime.py) assert what they can guarantee: steps, accounting, files.
+# The sync runtime (what runtime.type auto takes on a CPU): one process, the same completions and
+# steps on every run on one machine, so whether it learns does not depend on how fast a searcher
+# runs beside the trainer. The ray runtime's runs (tests/test_ray_runtime.py) assert what they can
+# guarantee: steps, accounting, files.
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def demo_run(tmp_path_factory, cache_dir):
     proc = tba(
         "train",
         *SMALL_DEMO,
-        "--runtime.type=sync",
+        "--run.device=cpu",  # runtime.type auto: searchers would share the trainer's cores, so sync
         "--trainer.steps=120",
         f"--run.output_dir={out}",
         "--run.name=demo",
@@ -87,6 +88,11 @@ def test_cli_trains_and_reward_goes_up(demo_run):
     assert summary["eval/accuracy_final"] > summary["eval/accuracy_initial"]
     # the run directory a user reads
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "training.png").is_file()
+    # auto was resolved before the run: the saved config and plan name the runtime it chose, and why
+    assert "  type: sync" in (run_dir / "config.yaml").read_text()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["runtime"] == "sync" and "CPU core(s) with the trainer" in plan["why"]["runtime"]
+    assert "plan: sync runtime on cpu" in proc.stderr and "runtime: auto: searchers would share" in proc.stderr
     assert (run_dir / "checkpoints" / "step_120" / "model.safetensors").is_file()
     assert "eval accuracy" in proc.stderr and "before" in proc.stderr  # the closing table
 
@@ -110,6 +116,7 @@ def test_checkpoint_loads_with_from_pretrained(demo_run):
 def test_resume_continues_from_the_checkpoint(tmp_path, cache_dir):
     args = [
         *SMALL_DEMO,
+        "--runtime.type=ray",
         "--eval.every=10",
         "--trainer.checkpoint_every=10",
         f"--run.output_dir={tmp_path}",

@@ -38,38 +38,28 @@ def test_sync_keeps_plain_tb_every_core_and_no_lag_bound():
     assert plan([*sync, "--objective.type=grpo", "--generation.backend=vllm"]).sampler_logprobs == "engine"
 
 
-def test_a_gpu_resolves_dtypes_and_shares_it_with_the_searcher():
-    p = plan(["--runtime.type=ray"], ONE_H100)
-    assert (p.device, p.dtype, p.precision) == ("cuda", "bfloat16", "bf16-mixed")
-    assert p.searcher_gpus == 0.5 and "searcher_gpus" in p.why  # the trainer counts as one more
-    four = plan(["--runtime.type=ray", "--runtime.num_searchers=3"], Hardware(cpus=16, gpus=4, bf16=True))
-    assert four.searcher_gpus == 1.0  # three GPUs besides the trainer's: one each
-    old = Hardware(cpus=8, gpus=1, bf16=False)  # before Ampere
-    assert (plan([], old).dtype, plan([], old).precision, plan([], old).searcher_gpus) == ("float32", "fp32", 0.5)
-    with pytest.raises(ConfigError, match="no bfloat16 support"):
-        plan(["--trainer.precision=bf16-mixed"], old)
-
-
-def test_a_device_the_machine_lacks_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="no CUDA device is visible; use run.device=cpu"):
-        plan(["--run.device=cuda"])
-    with pytest.raises(ConfigError, match=r"only 1 GPU\(s\) are visible"):
-        plan(["--run.device=cuda:1"], ONE_H100)
-    with pytest.raises(ConfigError, match="is not a device"):
-        plan(["--run.device=gpu0"])
-
-
-def test_ranks_and_threads_follow_the_cores():
-    p = plan(["--runtime.type=sync", "--trainer.num_ranks=2", "--trainer.batch_prompts=4"], Hardware(cpus=9))
-    assert (p.rank_cpus, p.rank_threads) == (4.0, 4)  # one core kept for generation, the rest split
-    r = plan(["--runtime.type=ray", "--runtime.num_searchers=2", "--runtime.searcher_cpus=2"], Hardware(cpus=8))
-    assert (r.trainer_threads, r.searcher_threads) == (4, 2)
-
-
-def test_a_builtin_model_is_located_without_being_built(tmp_path):
-    p = plan([f"--model.cache_dir={tmp_path}", "--task.digits=1", "--task.operators=*"])
-    assert p.policy == p.reference and p.policy.startswith(str(tmp_path / "tiny-arithmetic-"))
-    assert not any(tmp_path.iterdir())  # nothing built or loaded to plan
+def test_auto_runtime_takes_turns_on_a_shared_device_and_runs_side_by_side_on_devices_of_their_own():
+    cpu = plan([])  # the default: searchers would share the two cores with the trainer
+    assert (cpu.runtime, cpu.transport, cpu.trust_region, cpu.flat_weight) == ("sync", "in_process", None, 1.0)
+    assert "2 CPU core(s)" in cpu.why["runtime"] and cpu.lines()[0].startswith("plan: sync runtime")
+    one_gpu = plan([], ONE_H100)
+    assert (one_gpu.runtime, one_gpu.searcher_gpus) == ("sync", None) and "the trainer's GPU" in one_gpu.why["runtime"]
+    assert plan(["--run.device=cpu"], Hardware(cpus=16, gpus=4, bf16=True)).runtime == "sync"
+    four = plan([], Hardware(cpus=16, gpus=4, bf16=True))  # searchers get GPUs of their own: asynchrony
+    assert (four.runtime, four.transport, four.searcher_gpus, four.lag_bound) == ("ray", "object_store", 1.0, 4)
+    assert four.trust_region == 0.5 and "3 GPU(s) beyond the trainer's 1" in four.why["runtime"]
+    ranks = ["--trainer.num_ranks=2", "--trainer.batch_prompts=4"]
+    assert plan(ranks, Hardware(cpus=16, gpus=2, bf16=True)).runtime == "sync"  # both GPUs train
+    assert plan(ranks, Hardware(cpus=16, gpus=3, bf16=True)).runtime == "ray"
+    # settings that one runtime alone has decide it; a runtime set by hand is kept, with no reason given
+    assert plan(["--runtime.address=auto"]).runtime == "ray"
+    assert plan(["--runtime.searcher_resources={searcher: 1}"]).runtime == "ray"
+    assert plan(["--eval.async=true"]).runtime == "ray"
+    lagged = plan(["--runtime.extra_lag=2"], Hardware(cpus=16, gpus=4, bf16=True))
+    assert (lagged.runtime, lagged.trust_region) == ("sync", 0.5)
+    assert "runtime" not in plan(["--runtime.type=ray"]).why
+    with pytest.raises(ConfigError, match="set runtime.type=sync and drop eval.async"):
+        plan(["--runtime.extra_lag=2", "--eval.async=true"])
 
 
 def test_the_plan_is_saved_read_back_and_printed(tmp_path):

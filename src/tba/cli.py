@@ -82,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             return report(err, debug)
         return 0
+    if cfg.runtime.type == "auto":  # which runtime runs decides the rest (the hardware: imports torch)
+        from tba.plan import resolve_runtime
+
+        try:
+            cfg = resolve_runtime(cfg)
+        except ConfigError as err:
+            return report(err, debug)
     if entry_point and cfg.runtime.type == "ray":
         try:
             allocator.reexec_under_jemalloc(argv)  # returns only where it does not apply

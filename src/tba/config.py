@@ -787,9 +787,14 @@ class EvalConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    type: Literal["sync", "ray"] = "ray"
+    type: Literal["auto", "sync", "ray"] = "auto"
     """``ray``: searcher processes generate continuously while the trainer trains (asynchronous);
-    ``sync``: one process alternates generate-then-train (the on-policy baseline)."""
+    ``sync``: one process alternates generate-then-train (time-sliced: the on-policy baseline).
+    ``auto`` (the run plan decides, and says why): ``ray`` where the searchers get devices of their
+    own (a GPU beyond the trainer's, a Ray cluster to join, ``runtime.searcher_resources``) or a
+    setting needs it (``eval.async``); ``sync`` where they would share the trainer's one device (this
+    machine's CPU cores, or its only GPU), where generating beside the trainer slows it more than the
+    overlap gains, or a setting needs it (``runtime.extra_lag``, ``buffer.fresh_only``)."""
     num_searchers: int = Field(1, ge=1)
     """Searcher actors (``ray`` runtime)."""
     searcher_cpus: float = Field(1.0, gt=0)
@@ -825,6 +830,9 @@ class RuntimeConfig(_Section):
     def lag_bound(self, sync_interval: int) -> int | None:
         """``max_lag`` in versions, ``auto`` resolved."""
         return 4 * sync_interval if self.max_lag == "auto" else self.max_lag
+
+    _chosen: str | None = PrivateAttr(None)
+    """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.resolve_runtime`)."""
 
     extra_lag: int = Field(0, ge=0)
     """D > 0 (``runtime.type=sync``): the searcher samples with the weights published D steps
@@ -884,7 +892,8 @@ class Config(_Section):
     def _objective_knows_its_staleness(self) -> Config:
         # tb_trust_region auto: the band where the searchers' weights lag by design. In the sync
         # runtime it steadied small batches but cost the tool demo 4.5 points (benchmarks/README.md)
-        self.objective._stale_by_design = self.runtime.type == "ray" or self.runtime.extra_lag > 0
+        # (auto: the run plan resolves the runtime and validates the config again)
+        self.objective._stale_by_design = self.runtime.type != "sync" or self.runtime.extra_lag > 0
         return self
 
     @model_validator(mode="after")
@@ -913,13 +922,13 @@ class Config(_Section):
     def _check_runtime(self) -> Config:
         """Settings that only one runtime supports: exact staleness (sync), evaluation in an actor (ray)."""
         b, batch, k = self.buffer, self.trainer.batch_prompts, self.generation.group_size
-        if self.runtime.type != "sync":
-            for key, on in (("buffer.fresh_only=true", b.fresh_only), ("runtime.extra_lag", self.runtime.extra_lag)):
-                if on:
-                    raise ValueError(
-                        f"{key} controls staleness in the sync runtime, where generation and training "
-                        "alternate; set runtime.type=sync"
-                    )
+        for key, on in (("buffer.fresh_only=true", b.fresh_only), ("runtime.extra_lag", self.runtime.extra_lag)):
+            if on and (self.runtime.type == "ray" or self.eval.async_):
+                raise ValueError(
+                    f"{key} controls staleness in the sync runtime, where generation and training "
+                    "alternate; set runtime.type=sync"
+                    + (" and drop eval.async (an actor beside the trainer needs ray)" if self.eval.async_ else "")
+                )
         if self.generation.stream is True and self.generation.backend == "vllm" and self.generation.vllm.sleep:
             raise ValueError(
                 "generation.stream with generation.vllm.sleep=true: sleep mode frees the engine's KV cache "
@@ -968,7 +977,7 @@ class Config(_Section):
         share = self.runtime.searcher_gpus
         fraction = self.generation.vllm.gpu_memory_utilization
         fractional = share is not None and 0 < share < 1
-        if self.runtime.type == "ray" and fraction is not None and fractional and fraction > share:
+        if self.runtime.type != "sync" and fraction is not None and fractional and fraction > share:
             raise ValueError(
                 f"generation.vllm.gpu_memory_utilization={fraction} is more than a searcher's share of its GPU "
                 f"(runtime.searcher_gpus={share}): the searchers that share a GPU would not all fit. Set it below "
@@ -980,7 +989,7 @@ class Config(_Section):
                 f"trainer.num_ranks={ranks} splits each batch's groups over the ranks, and trainer.batch_prompts="
                 f"{batch} gives some rank none; raise batch_prompts to at least {ranks} or lower num_ranks"
             )
-        if self.eval.async_ and self.runtime.type != "ray":
+        if self.eval.async_ and self.runtime.type == "sync":
             raise ValueError(
                 "eval.async=true evaluates in a Ray actor beside the trainer, which needs runtime.type=ray; "
                 "drop eval.async for the sync runtime"

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from tba.config import ArithmeticTaskConfig, Config, ConfigError
+from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
 
-__all__ = ["Hardware", "Plan", "make_plan"]
+__all__ = ["Hardware", "Plan", "make_plan", "resolve_runtime"]
 
 PLAN_FILE = "plan.json"
 
@@ -266,13 +266,63 @@ def stream_kind(cfg: Config, device: str) -> str:
     return "hf_continuous" if not exact and g.hf_stream == "continuous" else "hf_refill"
 
 
+def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
+    """``runtime.type: auto`` on ``hardware``: (``sync`` or ``ray``, why). Asynchrony pays where the
+    searchers get devices of their own. Where they would share the trainer's one device, the two
+    take turns faster than they run side by side: on 2 CPU cores the ray runtime ran SmolLM2 with
+    vLLM at 0.86x sync's speed, its trainer on one core taking twice sync's step (benchmarks/README.md,
+    "Weight publication"), and the demo at 0.9x."""
+    r, e = cfg.runtime, cfg.eval
+    if e.async_:
+        return "ray", "eval.async evaluates in a Ray actor beside the trainer"
+    if r.extra_lag or cfg.buffer.fresh_only:
+        return "sync", "runtime.extra_lag / buffer.fresh_only set staleness in the sync runtime"
+    if r.address:
+        return "ray", f"joining the Ray cluster at {r.address}: searchers may run on other machines"
+    if r.searcher_resources:
+        return "ray", "runtime.searcher_resources places the searchers on chosen nodes"
+    device = resolve_device_name(cfg.run.device, hardware)
+    trainer_gpus = max(1, cfg.trainer.num_ranks)
+    if device.startswith("cuda") and hardware.gpus > trainer_gpus:
+        return "ray", f"{hardware.gpus - trainer_gpus} GPU(s) beyond the trainer's {trainer_gpus} for the searchers"
+    shared = (
+        f"the trainer's {'GPU' if hardware.gpus == 1 else f'{trainer_gpus} GPUs'}"
+        if device.startswith("cuda")
+        else f"this machine's {hardware.cpus} CPU core(s)"
+    )
+    return "sync", (
+        f"searchers would share {shared} with the trainer, where generating and training in turns is "
+        "faster (set runtime.type=ray to run them side by side anyway)"
+    )
+
+
+def resolve_runtime(cfg: Config, hardware: Hardware | None = None) -> Config:
+    """``cfg`` with ``runtime.type: auto`` decided for ``hardware`` (default: this machine's) and the
+    settings that follow the runtime (the TB band's ``auto``) validated again; ``cfg`` itself when
+    the type is set. The reason is kept for the plan's ``why``."""
+    if cfg.runtime.type != "auto":
+        return cfg
+    kind, reason = choose_runtime(cfg, hardware or Hardware.detect())
+    try:
+        resolved = with_values(cfg, {"runtime.type": kind})
+    except ConfigError as err:  # a rule of the chosen runtime: say what auto chose
+        raise ConfigError(f"runtime.type=auto chose {kind} ({reason}); then: {err}") from None
+    resolved.runtime._chosen = reason
+    return resolved
+
+
 def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     """The plan of ``cfg`` on ``hardware`` (default: this machine's). Loads nothing; raises
-    :class:`ConfigError` for a device the machine does not have."""
+    :class:`ConfigError` for a device the machine does not have. A run resolves ``runtime.type``
+    first (:func:`resolve_runtime`), as every part reads the runtime from the config; given ``auto``,
+    the plan resolves it here."""
     hw = hardware or Hardware.detect()
+    cfg = resolve_runtime(cfg, hw)
     device = resolve_device_name(cfg.run.device, hw)
     o, r, g = cfg.objective, cfg.runtime, cfg.generation
     why: dict[str, str] = {}
+    if r._chosen:
+        why["runtime"] = f"auto: {r._chosen}"
     ray_runtime = r.type == "ray"
     searcher_gpus, eval_gpus = r.searcher_gpus, cfg.eval.eval_gpus
     if ray_runtime and not r.address:  # a cluster's GPUs are known once joined (run_ray fills them in then)
