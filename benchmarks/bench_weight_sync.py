@@ -18,6 +18,9 @@ version. Arms, side by side in one run:
 - ``background``: the packed transport on the publisher's thread
   (:class:`tba.weights.BackgroundPublisher`); the trainer waits only before its optimizer step,
   for a publication that still reads the live weights.
+- ``broadcast``: ``runtime.weight_transport=broadcast`` (:mod:`tba.runtime.broadcast`: a gloo group
+  of the trainer and the receiver, one byte buffer in buckets) on the publisher's thread; the
+  receiver stages each version on a thread of its own, and its fetch hands over the staged buffer.
 
 The receiver fetches while the trainer takes its next step, as a searcher does, so the fetch and
 load seconds include what the trainer takes from the cores meanwhile.
@@ -46,6 +49,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.machine import describe_machine, machine_line
 from tba.models.precision import cast_floats
+from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
 from tba.trainer import Trainer
 from tba.types import RolloutGroup
@@ -89,11 +93,14 @@ class PickledStore(RayWeightStore):
 class Receiver:
     """A searcher's side: fetch the newest weights from the board and load them into its own copy."""
 
-    def __init__(self, size: str, dtype: str, board, pickled: bool) -> None:
+    def __init__(self, size: str, dtype: str, board, arm: str) -> None:
         torch.set_num_threads(1)
         hf_logging.set_verbosity_error()
         self.model = build(size).to(DTYPES[dtype]).eval()
-        self.store = (PickledStore if pickled else RayWeightStore)(board)
+        if arm == "broadcast":
+            self.store = BroadcastReceiver(board, 0, "receiver")
+        else:
+            self.store = (PickledStore if arm == "pickled" else RayWeightStore)(board)
         self.version, self.fetch_s, self.load_s = -1, [], []
 
     def pull(self) -> int:
@@ -110,6 +117,9 @@ class Receiver:
 
     def times(self) -> tuple[list[float], list[float]]:
         return self.fetch_s, self.load_s
+
+    def joined(self) -> bool:
+        return getattr(self.store, "group", None) is not None
 
 
 def synthetic_groups(vocab: int, prompts: int, k: int, length: int) -> list[RolloutGroup]:
@@ -136,8 +146,11 @@ def run_arm(size: str, dtype: str, arm: str, steps: int, prompts: int, length: i
     model = build(size)
     params = sum(p.numel() for p in model.parameters())
     board = WeightBoard.remote()
-    store = (PickledStore if arm == "pickled" else RayWeightStore)(board)
-    weights = BackgroundPublisher(store) if arm == "background" else store
+    if arm == "broadcast":
+        store = BroadcastSender(board, 1, print)
+    else:
+        store = (PickledStore if arm == "pickled" else RayWeightStore)(board)
+    weights = BackgroundPublisher(store) if arm in ("background", "broadcast") else store
     buffer = ReplayBuffer(capacity=10_000, recent_prob=1.0, seed=0)
     for group in synthetic_groups(model.config.vocab_size, prompts, 4, length):
         buffer.add(group, step=0)
@@ -152,10 +165,13 @@ def run_arm(size: str, dtype: str, arm: str, steps: int, prompts: int, length: i
         {2},
         publish_dtype=DTYPES[dtype],
     )
-    receiver = Receiver.remote(size, dtype, board, arm == "pickled")
+    receiver = Receiver.remote(size, dtype, board, arm)
     trainer.publish()
     trainer.flush_publication()
     ray.get(receiver.pull.remote())
+    if arm == "broadcast":  # the first publication went by the object store; the group forms after it
+        while not (store.formed and ray.get(receiver.joined.remote())):
+            time.sleep(0.1)
     rows, pulls = [], []
     for _ in range(steps):  # the receiver fetches while the trainer takes its next step, as a searcher does
         rows.append(trainer.step())
@@ -163,7 +179,11 @@ def run_arm(size: str, dtype: str, arm: str, steps: int, prompts: int, length: i
     if isinstance(weights, BackgroundPublisher):
         weights.close()
     ray.get(pulls)
-    ray.get(receiver.pull.remote())
+    end = time.monotonic() + 60  # a broadcast version is staged a moment after it was sent
+    while ray.get(receiver.pull.remote()) < steps and time.monotonic() < end:
+        time.sleep(0.05)
+    if arm == "broadcast":
+        store.close()
     fetch_s, load_s = ray.get(receiver.times.remote())
     ray.kill(receiver)
     ray.kill(board)
@@ -199,7 +219,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    parser.add_argument("--arms", nargs="+", default=["pickled", "inline", "background"])
+    parser.add_argument("--arms", nargs="+", default=["pickled", "inline", "background", "broadcast"])
     parser.add_argument("--steps", type=int, default=4, help="trainer steps per arm (the first is not counted)")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per batch (4 completions each)")
     parser.add_argument("--length", type=int, default=32, help="prompt and completion tokens")

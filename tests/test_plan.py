@@ -38,6 +38,41 @@ def test_sync_keeps_plain_tb_every_core_and_no_lag_bound():
     assert plan([*sync, "--objective.type=grpo", "--generation.backend=vllm"]).sampler_logprobs == "engine"
 
 
+def test_a_gpu_resolves_dtypes_and_shares_it_with_the_searcher():
+    p = plan(["--runtime.type=ray"], ONE_H100)
+    assert (p.device, p.dtype, p.precision) == ("cuda", "bfloat16", "bf16-mixed")
+    assert p.searcher_gpus == 0.5 and "searcher_gpus" in p.why  # the trainer counts as one more
+    four = plan(["--runtime.type=ray", "--runtime.num_searchers=3"], Hardware(cpus=16, gpus=4, bf16=True))
+    assert four.searcher_gpus == 1.0  # three GPUs besides the trainer's: one each
+    old = Hardware(cpus=8, gpus=1, bf16=False)  # before Ampere
+    shared = plan(["--runtime.type=ray"], old)
+    assert (shared.dtype, shared.precision, shared.searcher_gpus) == ("float32", "fp32", 0.5)
+    with pytest.raises(ConfigError, match="no bfloat16 support"):
+        plan(["--trainer.precision=bf16-mixed"], old)
+
+
+def test_a_device_the_machine_lacks_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="no CUDA device is visible; use run.device=cpu"):
+        plan(["--run.device=cuda"])
+    with pytest.raises(ConfigError, match=r"only 1 GPU\(s\) are visible"):
+        plan(["--run.device=cuda:1"], ONE_H100)
+    with pytest.raises(ConfigError, match="is not a device"):
+        plan(["--run.device=gpu0"])
+
+
+def test_ranks_and_threads_follow_the_cores():
+    p = plan(["--runtime.type=sync", "--trainer.num_ranks=2", "--trainer.batch_prompts=4"], Hardware(cpus=9))
+    assert (p.rank_cpus, p.rank_threads) == (4.0, 4)  # one core kept for generation, the rest split
+    r = plan(["--runtime.type=ray", "--runtime.num_searchers=2", "--runtime.searcher_cpus=2"], Hardware(cpus=8))
+    assert (r.trainer_threads, r.searcher_threads) == (4, 2)
+
+
+def test_a_builtin_model_is_located_without_being_built(tmp_path):
+    p = plan([f"--model.cache_dir={tmp_path}", "--task.digits=1", "--task.operators=*"])
+    assert p.policy == p.reference and p.policy.startswith(str(tmp_path / "tiny-arithmetic-"))
+    assert not any(tmp_path.iterdir())  # nothing built or loaded to plan
+
+
 def test_auto_runtime_takes_turns_on_a_shared_device_and_runs_side_by_side_on_devices_of_their_own():
     cpu = plan([])  # the default: searchers would share the two cores with the trainer
     assert (cpu.runtime, cpu.transport, cpu.trust_region, cpu.flat_weight) == ("sync", "in_process", None, 1.0)
@@ -58,8 +93,22 @@ def test_auto_runtime_takes_turns_on_a_shared_device_and_runs_side_by_side_on_de
     lagged = plan(["--runtime.extra_lag=2"], Hardware(cpus=16, gpus=4, bf16=True))
     assert (lagged.runtime, lagged.trust_region) == ("sync", 0.5)
     assert "runtime" not in plan(["--runtime.type=ray"]).why
+    broadcast = plan(["--runtime.weight_transport=broadcast"])  # sends to searcher processes: ray
+    assert (broadcast.runtime, broadcast.transport) == ("ray", "broadcast")
     with pytest.raises(ConfigError, match="set runtime.type=sync and drop eval.async"):
         plan(["--runtime.extra_lag=2", "--eval.async=true"])
+
+
+def test_an_impossible_transport_is_refused_in_one_line(capsys):
+    from tba.cli import main
+
+    for args, said in (
+        (["--runtime.type=sync"], "the sync runtime has none (its searcher shares the trainer's process)"),
+        (["--trainer.num_ranks=2", "--trainer.batch_prompts=4"], "set runtime.weight_transport=object_store"),
+    ):
+        assert main(["train", "--print-plan", "--runtime.weight_transport=broadcast", *args]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_the_plan_is_saved_read_back_and_printed(tmp_path):

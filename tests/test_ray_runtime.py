@@ -124,6 +124,7 @@ def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
                 f"--runtime.address={cluster.address}",
                 "--runtime.searcher_resources={searcher_node: 1}",
                 "--runtime.trainer_cpus=1",
+                "--runtime.weight_transport=broadcast",  # what a searcher on another machine would use
                 f"--model.cache_dir={demo_cache}",
                 f"--run.output_dir={tmp_path}",
                 "--run.name=c",
@@ -131,7 +132,15 @@ def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
         )
         run_dir, summary = run_ray(cfg)
         assert summary["searcher_nodes"] == [worker.node_id]
-        assert stored_rollouts(run_dir, 10), "the remote searcher's groups reached the buffer"
+        rollouts = stored_rollouts(run_dir, 10)
+        assert rollouts, "the remote searcher's groups reached the buffer"
+        assert Plan.load(run_dir).transport == "broadcast"
+        train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
+        last = train[-1]  # the group formed once the searcher had registered, and carried what followed
+        assert last["weights/broadcast_group"] == 1 and last["weights/fallbacks"] == 0
+        # versions 1-10 publish after the steps; the metrics of step 10 are written before its own lands
+        assert 1 <= last["weights/broadcasts"] <= 9
+        assert max(r.policy_version for r in rollouts) > 0  # the searcher generated with broadcast weights
     finally:
         if ray.is_initialized():
             ray.shutdown()

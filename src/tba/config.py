@@ -831,6 +831,11 @@ class RuntimeConfig(_Section):
         """``max_lag`` in versions, ``auto`` resolved."""
         return 4 * sync_interval if self.max_lag == "auto" else self.max_lag
 
+    weight_transport: Literal["auto", "object_store", "broadcast"] = "auto"
+    """How published weights reach the searchers (``ray`` runtime): ``object_store`` (Ray's object
+    store; a searcher on the trainer's machine maps them in place), ``broadcast`` (a gloo group of
+    the trainer and the searchers, one byte buffer in buckets; falls back to the object store while a
+    searcher restarts; for searchers on other machines), ``auto``: the object store."""
     _chosen: str | None = PrivateAttr(None)
     """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.resolve_runtime`)."""
 
@@ -988,6 +993,16 @@ class Config(_Section):
             raise ValueError(
                 f"trainer.num_ranks={ranks} splits each batch's groups over the ranks, and trainer.batch_prompts="
                 f"{batch} gives some rank none; raise batch_prompts to at least {ranks} or lower num_ranks"
+            )
+        if self.runtime.weight_transport == "broadcast" and self.runtime.type == "sync":
+            raise ValueError(
+                "runtime.weight_transport=broadcast sends weights to searcher processes, and the sync runtime "
+                "has none (its searcher shares the trainer's process); set runtime.type=ray or drop weight_transport"
+            )
+        if self.runtime.weight_transport == "broadcast" and ranks > 1:
+            raise ValueError(
+                "runtime.weight_transport=broadcast is sent from the tba train process, and with trainer.num_ranks > 1 "
+                "rank 0 publishes instead; set runtime.weight_transport=object_store (or auto)"
             )
         if self.eval.async_ and self.runtime.type == "sync":
             raise ValueError(

@@ -47,7 +47,8 @@ class Plan:
     runtime: str
     objective: str
     transport: str
-    """How published weights reach the searchers: ``in_process`` (sync) or ``object_store`` (ray)."""
+    """How published weights reach the searchers: ``in_process`` (sync), ``object_store`` or
+    ``broadcast`` (ray; ``runtime.weight_transport``)."""
     stream: str
     """``batch`` (a ``generate`` call per batch), or a stream: ``vllm``, ``hf_continuous``, ``hf_refill``."""
     lag_bound: int | None
@@ -277,6 +278,8 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
         return "ray", "eval.async evaluates in a Ray actor beside the trainer"
     if r.extra_lag or cfg.buffer.fresh_only:
         return "sync", "runtime.extra_lag / buffer.fresh_only set staleness in the sync runtime"
+    if r.weight_transport == "broadcast":
+        return "ray", "runtime.weight_transport=broadcast sends weights to searcher processes"
     if r.address:
         return "ray", f"joining the Ray cluster at {r.address}: searchers may run on other machines"
     if r.searcher_resources:
@@ -360,7 +363,9 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         reference=model_location(cfg.model.reference, cfg) if cfg.model.reference else policy,
         runtime=r.type,
         objective=o.type,
-        transport="object_store" if ray_runtime else "in_process",
+        transport=("object_store" if r.weight_transport == "auto" else r.weight_transport)
+        if ray_runtime
+        else "in_process",
         stream=stream_kind(cfg, device),
         lag_bound=r.lag_bound(cfg.trainer.sync_interval) if ray_runtime else None,
         extra_lag=r.extra_lag,

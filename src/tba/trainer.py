@@ -370,6 +370,8 @@ class Trainer:
             self._publish_path_s = 0.0
             metrics["weights/publish_background_s"] = self.publisher.last_background_s
             metrics["weights/superseded"] = float(self.publisher.superseded)
+            if hasattr(self.publisher.store, "metrics"):  # a transport's own (tba.runtime.broadcast)
+                metrics.update(self.publisher.store.metrics())
         return metrics
 
     def skip_update(self) -> int:

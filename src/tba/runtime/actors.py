@@ -26,6 +26,7 @@ import torch
 
 from tba.config import Config, build_config
 from tba.plan import Plan
+from tba.runtime.broadcast import BroadcastReceiver
 from tba.runtime.build import build_searcher, load_evaluator
 from tba.runtime.policy import seed_everything
 from tba.runtime.weight_board import RayWeightStore, pack, unpack
@@ -100,10 +101,14 @@ class SearcherWorker:
             sys.path.insert(0, driver_cwd)  # reward functions named as pkg.module:fn import as they do in tba train
         cfg = build_config(cfg_data)
         seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
-        self.searcher = build_searcher(cfg, plan, RayWeightStore(board), searcher_id, log=lambda msg: None)
+        self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
+        if plan.transport == "broadcast":  # registers with the board: the trainer forms the group once all have
+            weights = BroadcastReceiver(board, searcher_id, self.incarnation)
+        else:
+            weights = RayWeightStore(board)
+        self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
         self.inbox = inbox
         self.node = ray.get_runtime_context().get_node_id()
-        self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
 
     def run(self) -> int:
         """Generate until the trainer says stop; returns the number of batches generated."""

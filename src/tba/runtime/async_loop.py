@@ -42,6 +42,7 @@ from tba.models.precision import PeakMemory
 from tba.plan import actor_gpu_shares
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
+from tba.runtime.broadcast import BroadcastSender
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import one_engine_at_a_time, ray_session
 from tba.runtime.health import FallWatch, remedy
@@ -65,25 +66,30 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             "eval.async=true evaluates on one in the evaluation actor"
         )
     actors, metrics, background = [], None, None
-    inbox, c = None, None
+    inbox, c, store = None, None, None
     with ray_session(cfg, plan) as started_ray:
         try:
             shared = started_ray and not cfg.runtime.address and plan.hardware.gpus == 1
             if cfg.runtime.address:  # a cluster's GPUs are known once joined
                 shares = actor_gpu_shares(cfg, plan.device, ray.cluster_resources().get("GPU", 0.0), False)
                 plan = dataclasses.replace(plan, searcher_gpus=shares[0], eval_gpus=shares[1])
+            r = cfg.runtime
             run_id = uuid.uuid4().hex[:12]
             names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
             board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote()
             # weights travel on a thread of their own while the trainer steps (trainer ranks publish from rank 0)
-            store = RayWeightStore(board)
+            if plan.transport == "broadcast":  # (one trainer rank: the config refuses it with several)
+                store = BroadcastSender(
+                    board, r.num_searchers, lambda m: chatter.print(m, highlight=False, markup=False)
+                )
+            else:
+                store = RayWeightStore(board)
             weights = BackgroundPublisher(store) if cfg.trainer.num_ranks == 1 else store
             c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
             plan = c.plan  # with the EOS ids, which the searchers take from it
             plan.save(run_dir)
             resumed = cfg.run.resume and resume(c, run_dir, log)
             metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
-            r = cfg.runtime
             cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
             # Searcher processes start (imports, model loading) while this one publishes and
             # evaluates; the model paths are resolved by now, so none of them builds the demo model.
@@ -122,6 +128,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
         finally:
             if inbox is not None:
                 inbox.stop.remote()
+            if isinstance(store, BroadcastSender):
+                store.close()
             for actor in actors:
                 ray.kill(actor)
             if background is not None:
@@ -139,7 +147,7 @@ def published_weights(c: Components) -> dict | ray.ObjectRef:
     t = c.trainer
     t.flush_publication()
     last = getattr(t.publisher.store if t.publisher is not None else t.weights, "last", None)
-    if last is not None and last[0] == t.version:
+    if last is not None and last[0] == t.version and last[1] is not None:  # (None: it went by broadcast)
         return last[1]
     return t.published_state()
 

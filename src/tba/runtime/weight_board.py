@@ -55,7 +55,10 @@ class WeightBoard:
 
     def __init__(self) -> None:
         self.version = -1
-        self.ref = None
+        self.ref = None  # None for a version that went by broadcast (tba.runtime.broadcast)
+        self.registered: dict[int, str] = {}  # broadcast: each searcher's incarnation token
+        self.group: tuple[int, dict] | None = None  # broadcast: the newest generation of the group
+        self.pending: tuple[int, int] | None = None  # broadcast: (version, generation) announced last
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def set(self, version: int, boxed_ref: list) -> None:
@@ -65,6 +68,24 @@ class WeightBoard:
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def get_if_newer(self, version: int):
         return (self.version, [self.ref]) if self.version > version else None
+
+    def register(self, index: int, token: str) -> None:
+        self.registered[index] = token
+
+    def members(self) -> dict[int, str]:
+        return dict(self.registered)
+
+    def announce_group(self, generation: int, spec: dict) -> None:
+        self.group = (generation, spec)
+
+    def announce_broadcast(self, version: int, generation: int) -> None:
+        self.pending = (version, generation)
+
+    @ray.method(enable_task_events=False)  # called 20 times a second by each searcher
+    def poll(self, generation: int):
+        """(the group's newest generation if newer than ``generation``, the broadcast announced last)"""
+        newer = self.group if self.group is not None and self.group[0] > generation else None
+        return newer, self.pending
 
 
 class RayWeightStore:
@@ -88,4 +109,6 @@ class RayWeightStore:
         if newest is None:
             return None
         version, (ref,) = newest
+        if ref is None:  # a broadcast: tba.runtime.broadcast.BroadcastReceiver stages those
+            return None
         return version, unpack(ray.get(ref))

@@ -1,0 +1,141 @@
+"""Weights by broadcast (``tba.runtime.broadcast``): the byte layout, and the real group over gloo
+between this process (the trainer's side) and searcher-side receivers in Ray actors: what they
+load equals what was published bit for bit, a receiver that dies in the middle of a broadcast does
+not block the trainer, and a restarted one joins the group again."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+import torch
+
+from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender, Layout
+from tba.runtime.weight_board import WeightBoard
+
+
+def random_state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(50, 24, generator=g)
+    return {
+        "embed.weight": emb,
+        "layer.weight": torch.randn(24, 24, generator=g).to(torch.bfloat16),
+        "layer.bias": torch.randn(7, generator=g).to(torch.float16),  # an odd size: padded to the alignment
+        "count": torch.tensor([seed], dtype=torch.int64),
+        "lm_head.weight": emb,  # tied to the embedding
+    }
+
+
+def test_the_layout_holds_every_dtype_exactly_and_keeps_ties():
+    state = random_state(0)
+    layout = Layout.of(state)
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    layout.fill(buffer, state)
+    out = layout.views(buffer)
+    assert list(out) == list(state)
+    for name, t in state.items():
+        assert out[name].dtype == t.dtype and torch.equal(out[name], t), name
+    assert out["lm_head.weight"] is out["embed.weight"]  # stored once
+    assert layout.nbytes == 50 * 24 * 4 + 24 * 24 * 2 + 64 + 64  # the 14-byte bias and the count take 64 each
+    assert Layout.of(random_state(1)) == layout  # same names and shapes, same layout
+
+
+@ray.remote(num_cpus=0)
+class Receiver:
+    """A searcher's side alone: a :class:`BroadcastReceiver` in its own process. ``die_mid_broadcast``:
+    the process exits after the header of the next broadcast, before its data."""
+
+    def __init__(self, index: int, token: str) -> None:
+        self.receiver = BroadcastReceiver(ray.get_actor("board"), index, token, timeout_s=20)
+
+    def fetch(self, newer_than: int):
+        got = self.receiver.fetch(newer_than)
+        return None if got is None else (got[0], {k: v.clone() for k, v in got[1].items()}, self.receiver.received)
+
+    def joined(self) -> int:
+        return self.receiver.generation if self.receiver.group is not None else 0
+
+    def die_mid_broadcast(self) -> None:
+        import tba.runtime.broadcast as broadcast
+
+        real = broadcast._broadcast
+
+        def header_then_exit(group, tensor):
+            real(group, tensor)
+            if tensor.dtype == torch.int64:
+                os._exit(1)
+
+        broadcast._broadcast = header_then_exit
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
+    )
+    yield
+    ray.shutdown()
+
+
+def test_broadcast_delivers_exact_weights_and_survives_a_searcher_killed_mid_broadcast(ray_local):
+    board = WeightBoard.options(name="board").remote()
+    said: list[str] = []
+    sender = BroadcastSender(board, searchers=2, log=said.append, timeout_s=20)
+    receivers = [Receiver.remote(i, f"first-{i}") for i in range(2)]
+
+    def received_by_all(version: int, seed: int, counts: list[int] | None = None) -> None:
+        for r in receivers:  # a receiver stages a broadcast a moment after the trainer has sent it
+            got = None
+            end = time.monotonic() + 20
+            while got is None and time.monotonic() < end:
+                got = ray.get(r.fetch.remote(version - 1))
+            assert got is not None and got[0] == version
+            for name, t in random_state(seed).items():
+                assert got[1][name].dtype == t.dtype and torch.equal(got[1][name], t), name
+            if counts is not None:
+                counts.append(got[2])
+
+    sender.publish(random_state(0), 0)  # before the group: by the object store, which gives the layout
+    received_by_all(0, 0)
+    wait_for(lambda: sender.formed and all(ray.get([r.joined.remote() for r in receivers])), what="the group")
+    assert said == ["weights: broadcast group formed (the trainer and 2 searcher(s), generation 1)"]
+    for v in (1, 2):
+        sender.publish(random_state(v), v)
+        assert sender.last == (v, None)  # went by broadcast: nothing in the object store
+        counts: list[int] = []
+        received_by_all(v, v, counts)
+        assert counts == [v, v]  # both staged it from the broadcast
+    assert sender.metrics() == {"weights/broadcast_group": 1.0, "weights/broadcasts": 2.0, "weights/fallbacks": 0.0}
+
+    # searcher 1 dies after the next broadcast's header: the trainer is not held past its timeout,
+    # and that version reaches the survivor by the object store
+    ray.get(receivers[1].die_mid_broadcast.remote())
+    start = time.monotonic()
+    sender.publish(random_state(3), 3)
+    assert time.monotonic() - start < sender.timeout_s
+    assert sender.last[0] == 3 and sender.last[1] is not None and not sender.formed
+    assert "the broadcast of version 3 failed" in said[-1] and "object store" in said[-1]
+    got = ray.get(receivers[0].fetch.remote(2))
+    assert got[0] == 3 and all(torch.equal(got[1][k], t) for k, t in random_state(3).items())
+    assert sender.metrics()["weights/fallbacks"] == 1.0
+
+    # it restarts (a new incarnation registers under its index): the group forms again with it
+    receivers[1] = Receiver.remote(1, "second-1")
+    wait_for(lambda: sender.formed and sender.generation == 2, what="the second group")
+    wait_for(lambda: ray.get(receivers[0].joined.remote()) == 2 and ray.get(receivers[1].joined.remote()) == 2)
+    sender.publish(random_state(4), 4)
+    assert sender.last == (4, None)
+    received_by_all(4, 4)
+    # every version was published once, by one path, in order
+    assert ray.get(board.get_if_newer.remote(-1))[0] == 4
+    assert sender.metrics() == {"weights/broadcast_group": 1.0, "weights/broadcasts": 3.0, "weights/fallbacks": 1.0}
+    sender.close()
