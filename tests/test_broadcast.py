@@ -1,7 +1,8 @@
-"""Weights by broadcast (``tba.runtime.broadcast``): the byte layout, and the real group over gloo
-between this process (the trainer's side) and searcher-side receivers in Ray actors: what they
-load equals what was published bit for bit, a receiver that dies in the middle of a broadcast does
-not block the trainer, and a restarted one joins the group again."""
+"""Weights by broadcast (``tba.runtime.broadcast``) and the board it shares with the object store:
+the byte layout, the board's versions, and the real group over gloo between this process (the
+trainer's side) and searcher-side receivers in Ray actors: what they load equals what was published
+bit for bit, a receiver that dies in the middle of a broadcast does not block the trainer, and a
+restarted one joins the group again."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import ray
 import torch
 
 from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender, Layout
-from tba.runtime.weight_board import WeightBoard
+from tba.runtime.weight_board import RayWeightStore, WeightBoard
 
 
 def random_state(seed: int) -> dict[str, torch.Tensor]:
@@ -84,6 +85,23 @@ def ray_local():
     )
     yield
     ray.shutdown()
+
+
+def test_the_board_and_object_store_keep_the_newest_version_exactly(ray_local):
+    board = WeightBoard.remote()
+    store, reader = RayWeightStore(board), RayWeightStore(board)  # a publisher's and a searcher's
+    assert reader.fetch(newer_than=-1) is None and reader.latest_version() == -1
+    store.publish(random_state(2), 2)
+    ray.get(board.set.remote(1, [None]))  # older than the newest: ignored
+    version, got = reader.fetch(newer_than=-1)
+    assert version == 2 and reader.latest_version() == 2 and store.last[0] == 2
+    for name, t in random_state(2).items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    assert got["lm_head.weight"].data_ptr() == got["embed.weight"].data_ptr()  # stored once
+    assert reader.fetch(newer_than=2) is None
+    ray.get(board.set.remote(3, [None]))  # a version that went by broadcast: not in the object store
+    assert reader.latest_version() == 3 and reader.fetch(newer_than=2) is None
+    ray.kill(board)
 
 
 def test_broadcast_delivers_exact_weights_and_survives_a_searcher_killed_mid_broadcast(ray_local):
