@@ -192,6 +192,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3"] if lora else []
     extra += ["--runtime.max_lag=2"] if runtime == "ray" else []  # searchers must take new weights to keep up
     extra += ["--generation.stream=true"] if stream else []  # continuous generation (ray: weights loaded in flight)
+    broadcast = runtime == "ray" and not lora  # the engine loads what the gloo group staged (tba.runtime.broadcast)
+    extra += ["--runtime.weight_transport=broadcast"] if broadcast else []
     proc, run_dir = train(
         tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
     )
@@ -202,6 +204,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     assert all(r["searcher/completions"] > 0 for r in records[-3:])
     # the engine sampled with weights the trainer published after it started
     assert max(r.policy_version for r in stored_rollouts(run_dir, 12)) > 0
+    if broadcast:
+        assert records[-1]["weights/broadcasts"] > 0 and records[-1]["weights/fallbacks"] == 0
     if stream:  # every prompt the streaming searcher took: sent, dropped or still in flight
         last = records[-1]
         assert last["searcher/prompts_taken"] == (
