@@ -119,14 +119,20 @@ def test_vllm_loads_published_weights_in_place(measured):
 
 
 @needs_vllm
-def test_vllm_runs_a_trained_lora_adapter_merged_like_hf_greedy_of_the_adapted_policy(head32_checkpoint):
+def test_vllm_runs_a_trained_lora_adapter_merged_or_its_own_way_like_hf_greedy_of_the_adapted_policy(
+    head32_checkpoint,
+):
     measured = run_checks("--lora", str(head32_checkpoint))
+    gap, scale, terms = (measured.pop(k) for k in ("adapter_logp_max_diff", "adapter_logp_scale", "adapter_terms"))
     assert measured == {
         "published_adapter_only": True,
         "lora_equal": True,
         "lora_changed": True,
         "lora_version": 5,
+        "adapter_equal": True,  # vLLM's own LoRA (generation.vllm.lora=adapter) samples the same policy
+        "adapter_version": 6,
     }
+    assert_reordered_close(gap, 0.0, terms=terms, scale=scale)
 
 
 def test_merged_weights_are_peft_merge_and_unload_without_touching_the_policy(head32_checkpoint):
@@ -189,7 +195,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
 
     from tba.metrics import read_metrics
 
-    extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3"] if lora else []
+    # (the LoRA run streams with vLLM's own LoRA: each version's requests under the adapter's new id)
+    extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3", "--generation.vllm.lora=adapter"] if lora else []
     extra += ["--runtime.max_lag=2"] if runtime == "ray" else []  # searchers must take new weights to keep up
     extra += ["--generation.stream=true"] if stream else []  # continuous generation (ray: weights loaded in flight)
     broadcast = runtime == "ray" and not lora  # the engine loads what the gloo group staged (tba.runtime.broadcast)

@@ -8,6 +8,7 @@ session must not inherit. Prints one JSON object of measurements on its last lin
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -116,14 +117,16 @@ def chat(path: str) -> dict:
 
 def lora(path: str) -> dict:
     """A LoRA policy as searchers run it with vLLM: the adapter the trainer publishes after
-    training steps, loaded into the searcher's PEFT copy, merged into the engine's weights."""
+    training steps, loaded into the searcher's PEFT copy, merged into the engine's weights; then the
+    same adapter run by vLLM's own LoRA (``generation.vllm.lora=adapter``) on an engine of its own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from numerics import model_terms  # tests/ is this script's first path entry
     from tba.config import LoraConfig
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator
     from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
-    from tba.models.logprobs import sequence_logprobs
+    from tba.models.logprobs import sequence_logprobs, token_logprobs
     from tba.models.lora import add_adapter, published_state
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -150,12 +153,44 @@ def lora(path: str) -> dict:
     after = generator.generate(prompts, greedy)
     expected = HFGenerator(policy, tokenizer.pad_token_id, eos).generate(prompts, greedy)
     tokens = lambda groups: [[c.token_ids for c in g] for g in groups]  # noqa: E731
-    return {
+    out = {
         "published_adapter_only": all("lora_" in k for k in state),
         "lora_equal": tokens(after) == tokens(expected),
         "lora_changed": tokens(after) != tokens(before),
         "lora_version": generator.version,
     }
+    del generator, engine
+    gc.collect()
+    from tba.generation.vllm_backend import AdapterLoraGenerator
+
+    engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25, lora_rank=8)
+    adapter = AdapterLoraGenerator(engine, sampler)
+    adapter.load_weights(published_state(policy.eval()), version=6)
+    sampled = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, logprobs=True)
+    runs = adapter.generate(prompts, sampled)
+    # the engine's log-prob of each token it sampled is the adapted policy's, by teacher forcing in HF
+    flat = [c for g in runs for c in g if c.token_ids]
+    with torch.no_grad():
+        tf, _ = token_logprobs(
+            policy,
+            [p for p, g in zip(prompts, runs, strict=True) for c in g if c.token_ids],
+            [c.token_ids for c in flat],
+            tokenizer.pad_token_id,
+            eos,
+        )
+    pairs = [(a, tf[i, j].item()) for i, c in enumerate(flat) for j, a in enumerate(c.token_logps)]
+    config, r = policy.config, settings.r
+    h, inner = config.hidden_size, config.intermediate_size
+    out.update(
+        adapter_equal=tokens(adapter.generate(prompts, greedy)) == tokens(expected),
+        adapter_version=adapter.version,
+        adapter_logp_max_diff=max(abs(a - b) for a, b in pairs),
+        adapter_logp_scale=max(abs(b) for _, b in pairs),
+        # the model's sums, and each adapted projection's two more: over its input and over the rank
+        adapter_terms=model_terms(config, max(len(p) for p in prompts) + 6)
+        + config.num_hidden_layers * (3 * h + inner + 4 * r),
+    )
+    return out
 
 
 def stream(path: str) -> dict:

@@ -397,6 +397,14 @@ class VLLMSettings(_Section):
     a GPU), off for searcher and evaluation actors (they generate while the trainer trains); refused
     on a CPU."""
 
+    lora: Literal["merged", "adapter"] = "merged"
+    """A LoRA policy (``model.lora``): ``merged`` hands the engine the merged full weights at each
+    publication, so it generates at the plain model's speed; ``adapter`` runs vLLM's own LoRA
+    (``enable_lora``), loading each published adapter under a new id, so a publication moves the
+    adapter alone whatever the model's size, at a cost per token (on a CPU, 0.45x HF's speed
+    against merged's 1.9x: ``benchmarks/README.md``, "A LoRA policy"). Either way the searchers
+    receive the adapter only."""
+
     def memory_fraction(self, gpu_share: float | None) -> float:
         """The engine's ``gpu_memory_utilization`` in a process given ``gpu_share`` of a GPU (None:
         a process that shares its GPU with the trainer)."""

@@ -87,7 +87,8 @@ class VLLMStream:
         if length is not None:
             sampling = sampling.clone()
             sampling.max_tokens = sampling.min_tokens = length
-        self.engine.add_request(request_id, prompt, sampling)
+        lora = {"lora_request": self.generator.lora_request} if self.generator.lora_request is not None else {}
+        self.engine.add_request(request_id, prompt, sampling, **lora)
         self._requests[request_id] = (key, self.generator.version)
 
     def advance(self) -> list[Finished]:

@@ -22,7 +22,8 @@ runtime's process), behind the same two methods as the HF backend.
   (vLLM's LoRA kernels cost throughput every token, publication costs a reload once per k steps),
   it works for every module PEFT adapts and every model vLLM loads (vLLM's LoRA covers fewer), and
   the weight store still carries adapters only. ``benchmarks/bench_generation.py --lora`` measures
-  both ways.
+  both ways. :class:`AdapterLoraGenerator` (``generation.vllm.lora=adapter``) is vLLM's LoRA: the
+  published adapter is saved and run under a new id per version, the base weights never reloaded.
 
 ``vllm`` is imported here only, and only when a generator is built.
 """
@@ -123,12 +124,14 @@ class VLLMGenerator:
         enable_prefix_caching: bool = True,
         trust_remote_code: bool = False,
         sleep: bool = False,
+        lora_rank: int | None = None,
     ):
         """An engine over ``model_path`` (a Hugging Face folder or hub id). On a CPU the KV cache
         takes ``kv_cache_gb`` GiB; on a GPU the engine takes ``gpu_memory_utilization`` of the
         device's memory. ``enforce_eager`` defaults to true on a CPU (compiling takes most of a
         minute there) and false on a GPU (CUDA graphs). ``sleep``: the engine gives its GPU memory
-        back between generation calls (:class:`SleepCycle`; CUDA only)."""
+        back between generation calls (:class:`SleepCycle`; CUDA only). ``lora_rank``: serve LoRA
+        adapters up to that rank (:class:`AdapterLoraGenerator`)."""
         cpu = device.type == "cpu"
         if sleep and device.type != "cuda":
             raise ConfigError(SLEEP_NEEDS_CUDA.format(device=device.type))
@@ -149,6 +152,7 @@ class VLLMGenerator:
                 logprobs_mode="raw_logprobs",
                 trust_remote_code=trust_remote_code,
                 **({"enable_sleep_mode": True} if sleep else {}),
+                **(lora_engine_args(lora_rank) if lora_rank else {}),
                 **memory,
             )
         except Exception as err:  # vLLM raises many kinds; each means the same to a user
@@ -174,6 +178,7 @@ class VLLMGenerator:
         if self.cycle is not None:
             self.cycle.sleep()  # until its first weights or generation: the trainer may need the memory first
         self.version = -1
+        self.lora_request = None  # the adapter every request runs with (AdapterLoraGenerator sets it)
 
     def sampling_params(self, params: SamplingParams, final_only: bool = False):
         """vLLM's sampling parameters for ``params``; ``final_only``: a request's output comes once,
@@ -195,12 +200,13 @@ class VLLMGenerator:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         sampling = self.sampling_params(params)
         requests = [self.vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
         if self.cycle is None:
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False, **lora)
         else:
             self.cycle.wake()
             try:
-                outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+                outputs = self.llm.generate(requests, sampling, use_tqdm=False, **lora)
             finally:
                 self.cycle.sleep()  # the trainer's turn
         copies = params.n if params.greedy else 1  # K separate copies of the one greedy completion
@@ -290,3 +296,51 @@ class MergedLoraGenerator:
 
         load_published_state(self.lora_model, state_dict)
         self.engine.load_weights(merged_weights(self.lora_model), version)
+
+
+def lora_engine_args(rank: int) -> dict:
+    """vLLM's LoRA settings for adapters of rank ``rank``: the smallest maximum rank vLLM takes that
+    holds it, and room for two adapters (a new version's requests start while the previous one's
+    finish, in a stream)."""
+    ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py, MaxLoRARanks (vLLM 0.32)
+    fits = [r for r in ranks if r >= rank]
+    if not fits:
+        raise ConfigError(f"model.lora.r={rank} is above vLLM's largest LoRA rank 512; use generation.vllm.lora=merged")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 2}
+
+
+class AdapterLoraGenerator:
+    """A vLLM engine for a LoRA policy that runs the adapter itself (``generation.vllm.lora=adapter``):
+    ``load_weights`` takes the published adapter into ``lora_model`` (this process's PEFT copy),
+    saves it in PEFT's format and has every later request run it under a new id (the engine loads it
+    on the first request; the base weights never move)."""
+
+    def __init__(self, engine: VLLMGenerator, lora_model: torch.nn.Module):
+        import tempfile
+
+        self.engine = engine
+        self.lora_model = lora_model
+        self.folder = tempfile.mkdtemp(prefix="tba-adapter-")
+        self._saved: list[str] = []
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        return self.engine.generate(prompts, params)
+
+    def load_weights(self, state: dict, version: int) -> None:
+        import shutil
+
+        from tba.models.lora import load_published_state
+
+        load_published_state(self.lora_model, state)
+        path = os.path.join(self.folder, f"v{version}")
+        self.lora_model.save_pretrained(path)
+        # ids start at 1; one per version, so the engine never serves a stale adapter from its cache
+        self.engine.lora_request = self.engine.vllm.lora.request.LoRARequest(f"policy-v{version}", version + 1, path)
+        self.engine.version = version
+        self._saved.append(path)
+        while len(self._saved) > 2:  # the previous one may still serve requests in flight
+            shutil.rmtree(self._saved.pop(0), ignore_errors=True)

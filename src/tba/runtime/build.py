@@ -20,7 +20,7 @@ from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
 from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream, hf_continuous_problem
 from tba.generation.turns import make_conversations
-from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
+from tba.generation.vllm_backend import AdapterLoraGenerator, MergedLoraGenerator, VLLMGenerator
 from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer
 from tba.models.lora import (
     ReferenceView,
@@ -114,13 +114,14 @@ def make_generator(
         seed=cfg.run.seed * 1000 + searcher_id,
         trust_remote_code=cfg.model.trust_remote_code,
         **{  # the engine settings, named as the generator names them
-            **settings.model_dump(),
+            **settings.model_dump(exclude={"lora"}),
             "gpu_memory_utilization": settings.memory_fraction(gpu_share),
             "sleep": settings.sleeps(device.type, gpu_share),
         },
+        lora_rank=cfg.model.lora.r if cfg.model.lora is not None and settings.lora == "adapter" else None,
     )
     if cfg.model.lora is not None:
-        return MergedLoraGenerator(engine, sampler)
+        return (AdapterLoraGenerator if settings.lora == "adapter" else MergedLoraGenerator)(engine, sampler)
     return engine
 
 
@@ -167,7 +168,8 @@ def make_searcher(
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
         if plan.stream == "vllm":
-            engine = generator.engine if isinstance(generator, MergedLoraGenerator) else generator
+            lora = isinstance(generator, (MergedLoraGenerator, AdapterLoraGenerator))
+            engine = generator.engine if lora else generator
             stream = VLLMStream(engine, params, loader=generator)
         elif plan.stream == "hf_continuous" and (why := hf_continuous_problem(generator, params)) is None:
             stream = HFContinuousStream(generator, params, in_flight, seed=cfg.run.seed * 1000 + searcher_id)
