@@ -45,7 +45,7 @@ HEAVY_FIRST = [
     "test_redteam.py",
     "test_tldr.py",
     "test_turns.py",
-    "test_broadcast.py",
+    "test_ray_actors.py",
 ]
 
 

@@ -34,6 +34,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
             f"--trainer.steps={steps}",
             f"--trainer.sync_interval={k}",
             f"--runtime.max_lag={k}",
+            "--runtime.max_ahead=1",  # searchers pause once a step's worth waits: no deadlock with the lag bound
             "--eval.every=40",
             f"--model.cache_dir={demo_cache}",
             f"--run.output_dir={tmp_path}",
@@ -72,6 +73,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     ):
         assert all(r.get(key) is not None for r in train[5:]), key
     assert any("train/publish_s" in r for r in train)
+    assert all(r["searcher/paused_s"] >= 0 for r in train[5:]) and plan.max_ahead == 1
     # the lag bound made the trainer wait for searchers to take new weights: the step to version 40
     # was taken once they had generated with version 36
     assert train[-1]["searcher/version_min"] >= steps - k

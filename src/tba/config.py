@@ -847,6 +847,13 @@ class RuntimeConfig(_Section):
     _chosen: str | None = PrivateAttr(None)
     """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.resolve_runtime`)."""
 
+    max_ahead: int | None = Field(None, ge=1)
+    """``ray`` runtime: searchers pause while the groups that have arrived and the trainer has not yet
+    drawn (counted as ``trainer.batch_prompts`` a step) exceed this many steps' worth, so that they
+    produce no more than the trainer consumes (``searcher/paused_s``). For searchers that share the
+    trainer's cores or GPU, which would otherwise take them from its steps to make data it never
+    trains on. None: no limit."""
+
     extra_lag: int = Field(0, ge=0)
     """D > 0 (``runtime.type=sync``): the searcher samples with the weights published D steps
     before the newest (the newest publication at least D steps old), so that data is exactly that

@@ -69,6 +69,8 @@ class Plan:
     eval_gpus: float | None
     eos_ids: tuple[int, ...] = ()
     why: dict[str, str] = field(default_factory=dict)
+    max_ahead: int | None = None
+    """The ray runtime's cap on what searchers run ahead of the trainer, in steps (``runtime.max_ahead``)."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -123,6 +125,7 @@ class Plan:
             out.append(
                 f"  searchers: {self.searcher_threads} thread(s){gpus}; trainer: {threads} thread(s); "
                 f"weights by {self.transport.replace('_', ' ')}; lag bound {self.lag_bound}"
+                + (f"; searchers at most {self.max_ahead} step(s) ahead" if self.max_ahead else "")
             )
         elif self.extra_lag:
             out.append(f"  searcher weights exactly {self.extra_lag} step(s) old (runtime.extra_lag)")
@@ -380,4 +383,5 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         searcher_gpus=searcher_gpus,
         eval_gpus=eval_gpus,
         why=why,
+        max_ahead=r.max_ahead if ray_runtime else None,
     )

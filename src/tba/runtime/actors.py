@@ -51,6 +51,7 @@ _CUMULATIVE = (
     "searcher/environment_errors",
     "tokens",
     "elapsed_s",
+    "searcher/paused_s",
 )
 
 
@@ -58,16 +59,20 @@ _CUMULATIVE = (
 class Inbox:
     """Groups on their way from searchers to the trainer, and each searcher's latest counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_ahead: int | None = None) -> None:
         self.groups: list = []
         self.stats: dict[int, dict] = {}
         self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
         self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
         self.running = True
+        self.max_ahead = max_ahead  # groups arrived and not yet drawn by the trainer (runtime.max_ahead)
+        self.arrived = self.consumed = 0
+        self.trainer_waiting = False
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
         self.groups.extend(groups)
+        self.arrived += len(groups)
         last = self.stats.get(searcher_id)
         if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
             self.carried[searcher_id] = {k: last[k] for k in _CUMULATIVE if k in last}
@@ -80,10 +85,23 @@ class Inbox:
         return self.running  # False tells the searcher to stop
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def drain(self) -> tuple[list, dict[int, dict], list[str]]:
+    def drain(self, consumed: int | None = None, waiting: bool = False) -> tuple[list, dict[int, dict], list[str]]:
+        """Everything that arrived; ``consumed``: the groups the trainer has drawn so far (this run);
+        ``waiting``: the trainer waits for searchers (for data, or for newer weights in their data
+        under the lag bound), so none may pause."""
+        if consumed is not None:
+            self.consumed = consumed
+        self.trainer_waiting = waiting
         groups, self.groups = self.groups, []
         errors, self.errors = self.errors, []
         return groups, dict(self.stats), errors
+
+    @ray.method(enable_task_events=False)  # polled by a paused searcher
+    def ahead(self) -> bool:
+        """Whether searchers should pause: more has arrived than the trainer will draw soon."""
+        if not self.running or self.max_ahead is None or self.trainer_waiting:
+            return False
+        return self.arrived - self.consumed >= self.max_ahead
 
     def stop(self) -> None:
         self.running = False
@@ -108,11 +126,12 @@ class SearcherWorker:
             weights = RayWeightStore(board)
         self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
         self.inbox = inbox
+        self.capped = plan.max_ahead is not None  # runtime.max_ahead: ask the inbox before each batch
         self.node = ray.get_runtime_context().get_node_id()
 
     def run(self) -> int:
         """Generate until the trainer says stop; returns the number of batches generated."""
-        start, batches = time.perf_counter(), 0
+        start, batches, paused_s = time.perf_counter(), 0, 0.0
         while True:
             groups = self.searcher.step()
             batches += 1
@@ -121,12 +140,17 @@ class SearcherWorker:
                 **self.searcher.metrics(),
                 "tokens": s.tokens,
                 "elapsed_s": time.perf_counter() - start,
+                "searcher/paused_s": paused_s,
                 "node": self.node,
                 "incarnation": self.incarnation,
             }
             errors = self.searcher.new_errors()
             if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
                 return batches
+            waited = time.perf_counter()
+            while self.capped and ray.get(self.inbox.ahead.remote()):  # the trainer has enough to draw
+                time.sleep(0.02)
+            paused_s += time.perf_counter() - waited
 
 
 @dataclass

@@ -76,7 +76,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             r = cfg.runtime
             run_id = uuid.uuid4().hex[:12]
             names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
-            board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote()
+            ahead = None if plan.max_ahead is None else plan.max_ahead * cfg.trainer.batch_prompts
+            board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote(ahead)
             # weights travel on a thread of their own while the trainer steps (trainer ranks publish from rank 0)
             if plan.transport == "broadcast":  # (one trainer rank: the config refuses it with several)
                 store = BroadcastSender(
@@ -152,8 +153,10 @@ def published_weights(c: Components) -> dict | ray.ObjectRef:
     return t.published_state()
 
 
-def _drain(c: Components, inbox, run_dir: Path, gate: StepGate) -> dict[int, dict]:
-    groups, stats, errors = ray.get(inbox.drain.remote())
+def _drain(
+    c: Components, inbox, run_dir: Path, gate: StepGate, consumed: int | None = None, waiting: bool = False
+) -> dict[int, dict]:
+    groups, stats, errors = ray.get(inbox.drain.remote(consumed, waiting))
     c.trainer.ingest(groups)
     gate.add_arrivals(sum(g.size for g in groups))
     log_errors(run_dir, errors)
@@ -186,6 +189,7 @@ def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
         "searcher/unfinished": float(sum(s.get("searcher/unfinished", 0.0) for s in stats.values())),
         "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
         "searcher/reward_timeouts": float(sum(s.get("searcher/reward_timeouts", 0.0) for s in stats.values())),
+        "searcher/paused_s": float(sum(s.get("searcher/paused_s", 0.0) for s in stats.values())),
     }
     if any("searcher/turns_per_conversation" in s for s in stats.values()):  # weighted by each one's conversations
         replies = sum(s.get("searcher/turns_per_conversation", 0.0) * s["searcher/completions"] for s in stats.values())
@@ -268,7 +272,7 @@ def _train(
     last_stats: dict[int, dict] = {}
     while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(batch):  # the initial fill
         pool.check()
-        last_stats = _drain(c, inbox, run_dir, gate) or last_stats
+        last_stats = _drain(c, inbox, run_dir, gate, waiting=True) or last_stats
         time.sleep(0.05)
     loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
@@ -277,8 +281,10 @@ def _train(
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
+        first = trainer.version  # (a resumed run's: the inbox counts from its start)
         while trainer.version < cfg.trainer.steps:
-            last_stats = _drain(c, inbox, run_dir, gate) or last_stats
+            consumed = (trainer.version - first) * batch  # what searchers may run ahead of (runtime.max_ahead)
+            last_stats = _drain(c, inbox, run_dir, gate, consumed) or last_stats
             pool.check()
             wait_start = time.perf_counter()
             starved.begin(wait_start, gate.arrived, _generated(last_stats))
@@ -289,7 +295,7 @@ def _train(
             ):
                 time.sleep(0.02)
                 pool.check()
-                last_stats = _drain(c, inbox, run_dir, gate) or last_stats
+                last_stats = _drain(c, inbox, run_dir, gate, consumed, waiting=True) or last_stats
                 if message := starved.check(time.perf_counter(), gate.arrived, _generated(last_stats)):
                     pool.log(message)  # on the console even when quiet, and in errors.log
             t0 = time.perf_counter()

@@ -1,8 +1,9 @@
-"""Weights by broadcast (``tba.runtime.broadcast``) and the board it shares with the object store:
-the byte layout, the board's versions, and the real group over gloo between this process (the
-trainer's side) and searcher-side receivers in Ray actors: what they load equals what was published
-bit for bit, a receiver that dies in the middle of a broadcast does not block the trainer, and a
-restarted one joins the group again."""
+"""The ray runtime's actors alone, in one local Ray instance. Weights by broadcast
+(``tba.runtime.broadcast``) and the board it shares with the object store: the byte layout, the
+board's versions, and the real group over gloo between this process (the trainer's side) and
+searcher-side receivers in Ray actors: what they load equals what was published bit for bit, a
+receiver that dies in the middle of a broadcast does not block the trainer, and a restarted one
+joins the group again. The inbox's cap on what searchers produce ahead of the trainer."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import ray
 import torch
 
+from tba.runtime.actors import Inbox
 from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender, Layout
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
 
@@ -157,3 +159,28 @@ def test_broadcast_delivers_exact_weights_and_survives_a_searcher_killed_mid_bro
     assert ray.get(board.get_if_newer.remote(-1))[0] == 4
     assert sender.metrics() == {"weights/broadcast_group": 1.0, "weights/broadcasts": 3.0, "weights/fallbacks": 1.0}
     sender.close()
+
+
+def test_the_inbox_pauses_searchers_that_run_ahead_of_what_the_trainer_draws(ray_local):
+    inbox = Inbox.remote(max_ahead=8)  # runtime.max_ahead=1 at 8 prompts a step
+    stats = {"incarnation": "a"}
+    assert not ray.get(inbox.ahead.remote())
+    assert ray.get(inbox.put.remote(0, ["g"] * 6, stats, []))
+    assert not ray.get(inbox.ahead.remote())  # 6 waiting to be drawn: below 8
+    ray.get(inbox.put.remote(1, ["g"] * 4, {"incarnation": "b"}, []))
+    assert ray.get(inbox.ahead.remote())  # 10
+    groups, _, _ = ray.get(inbox.drain.remote(0))  # in the buffer now, but not drawn yet
+    assert len(groups) == 10 and ray.get(inbox.ahead.remote())
+    ray.get(inbox.drain.remote(8))  # the trainer took a step of 8
+    assert not ray.get(inbox.ahead.remote())  # 2 ahead
+    ray.get(inbox.put.remote(0, ["g"] * 6, stats, []))
+    assert ray.get(inbox.ahead.remote())  # exactly 8 ahead: pause
+    # unless the trainer waits for the searchers (the lag bound waits for data with newer weights,
+    # which a paused searcher would never make)
+    ray.get(inbox.drain.remote(8, True))
+    assert not ray.get(inbox.ahead.remote())
+    ray.get(inbox.drain.remote(8))
+    assert ray.get(inbox.ahead.remote())
+    ray.get(inbox.stop.remote())
+    assert not ray.get(inbox.ahead.remote())  # a stopped run releases paused searchers (they then see the stop)
+    assert not ray.get(Inbox.remote().ahead.remote())  # no cap: never paused
