@@ -45,6 +45,22 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     assert not ray.is_initialized()  # the local instance it started is gone
     assert summary["trainer_steps"] == steps and summary["runtime"] == "ray"
     assert 0 < summary["trainer_busy_fraction"] <= 1 and summary["lag_mean"] is not None
+    # where the time before the first step went, in order, the searcher's side from its own clock
+    startup = summary["startup_s"]
+    assert list(startup) == [
+        "checks and run directory",
+        "Ray",
+        "trainer's model",
+        "starting searchers",
+        "first publication",
+        "evaluation at step 0",
+        "waiting for the first batch",
+        "first step",
+        "searcher: process and imports",
+        "searcher: models",
+        "searcher: first batch",
+    ]
+    assert all(v >= 0 for v in startup.values())
 
     plan = Plan.load(run_dir)  # decided once, before anything loaded; the EOS ids once the tokenizer had
     assert (plan.runtime, plan.lag_bound, plan.transport) == ("ray", k, "object_store") and plan.eos_ids

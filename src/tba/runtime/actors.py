@@ -110,6 +110,7 @@ class Inbox:
 @ray.remote
 class SearcherWorker:
     def __init__(self, cfg_data: dict, plan_data: dict, searcher_id: int, names: tuple[str, str], driver_cwd: str = ""):
+        entered = time.time()  # the process has started and imported this module
         # The board and the inbox are found by name: an actor handle among the constructor's
         # arguments makes Ray warn on every run that a restart might fail (ray-project/ray#53727).
         board, inbox = (ray.get_actor(name) for name in names)
@@ -127,6 +128,7 @@ class SearcherWorker:
         self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
         self.inbox = inbox
         self.capped = plan.max_ahead is not None  # runtime.max_ahead: ask the inbox before each batch
+        self.started = {"startup/entered": entered, "startup/ready": time.time()}  # wall-clock, for the start-up line
         self.node = ray.get_runtime_context().get_node_id()
 
     def run(self) -> int:
@@ -135,12 +137,14 @@ class SearcherWorker:
         while True:
             groups = self.searcher.step()
             batches += 1
+            self.started.setdefault("startup/first_batch", time.time())
             s = self.searcher.stats
             stats = {
                 **self.searcher.metrics(),
                 "tokens": s.tokens,
                 "elapsed_s": time.perf_counter() - start,
                 "searcher/paused_s": paused_s,
+                **self.started,
                 "node": self.node,
                 "incarnation": self.incarnation,
             }

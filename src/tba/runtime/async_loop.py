@@ -49,6 +49,7 @@ from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
+from tba.runtime.startup import StartUp
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
 from tba.weights import BackgroundPublisher
 
@@ -58,7 +59,9 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     start = time.time()
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
+    startup = StartUp(start)  # where the time before the first step goes (summary.json, startup_s)
     cfg, run_dir, prepared, plan = open_run(cfg, chatter)  # builds the demo model on every core, before the split
+    startup.mark("checks and run directory")
     torch.set_num_threads(plan.trainer_threads)
     if cfg.generation.backend == "vllm" and not cfg.eval.async_:
         log(
@@ -68,6 +71,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     actors, metrics, background = [], None, None
     inbox, c, store = None, None, None
     with ray_session(cfg, plan) as started_ray:
+        startup.mark("Ray")
         try:
             shared = started_ray and not cfg.runtime.address and plan.hardware.gpus == 1
             if cfg.runtime.address:  # a cluster's GPUs are known once joined
@@ -89,6 +93,7 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
             plan = c.plan  # with the EOS ids, which the searchers take from it
             plan.save(run_dir)
+            startup.mark("trainer's model")
             resumed = cfg.run.resume and resume(c, run_dir, log)
             metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
             cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
@@ -114,8 +119,10 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
                 background = BackgroundEvaluation(cfg, plan)
                 if alone:
                     ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
+            startup.mark("starting searchers")
             c.trainer.publish()  # searchers start from the trainer's weights
             c.trainer.flush_publication()
+            startup.mark("first publication")
             if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
                 background.submit(0, published_weights(c))
             elif background is None and not resumed:
@@ -124,8 +131,9 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             on_event = lambda m: say_event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
             pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, on_event)
             memory = "jemalloc" if allocator.loaded() else "the system allocator"
+            startup.mark("evaluation at step 0")
             log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
-            extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background)
+            extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log)
         finally:
             if inbox is not None:
                 inbox.stop.remote()
@@ -262,8 +270,11 @@ def _train(
     inbox,
     pool: SearcherPool,
     background: BackgroundEvaluation | None = None,
+    startup: StartUp | None = None,
+    log=print,
 ) -> dict:
     trainer, batch = c.trainer, cfg.trainer.batch_prompts
+    startup = startup or StartUp(time.time())
     t = cfg.trainer
     lag = cfg.runtime.lag_bound(t.sync_interval)
     gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, t.replay_window, lag)
@@ -274,6 +285,8 @@ def _train(
         pool.check()
         last_stats = _drain(c, inbox, run_dir, gate, waiting=True) or last_stats
         time.sleep(0.05)
+    startup.mark("waiting for the first batch")
+    startup.searcher(last_stats)
     loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
@@ -304,6 +317,9 @@ def _train(
             longest_pause_s = max(longest_pause_s, t0 - step_end - wait_s)
             replay_ratio = gate.replay_ratio()
             record = trainer.step()
+            if not startup.done:
+                startup.mark("first step")
+                log(startup.line())
             gate.stepped()
             busy_s += time.perf_counter() - t0
             samples += batch * cfg.generation.group_size
@@ -348,4 +364,5 @@ def _train(
         "trainer_longest_pause_s": round(longest_pause_s, 3),
         "trainer_wait_s": round(wait_total_s, 3),
         "replay_ratio": round(gate.trained / max(gate.arrived, 1), 4),  # over the whole run
+        "startup_s": startup.summary(),
     }
