@@ -5,19 +5,20 @@ models (a red-teaming victim, a reward model)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from tba.config import ConfigError
+from tba.machine import usable_cores
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """What a run may use on this machine: CPU cores, visible CUDA GPUs, and whether they do bfloat16."""
+    """What a run may use on this machine: CPU cores (those this process may run on: a container's or
+    ``taskset``'s limit), visible CUDA GPUs, and whether they do bfloat16."""
 
     cpus: int
     gpus: int = 0
@@ -26,14 +27,14 @@ class Hardware:
     @classmethod
     def detect(cls) -> Hardware:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return cls(cpus=os.cpu_count() or 1, gpus=gpus, bf16=bool(gpus) and torch.cuda.is_bf16_supported())
+        return cls(cpus=usable_cores(), gpus=gpus, bf16=bool(gpus) and torch.cuda.is_bf16_supported())
 
     @classmethod
     def of_device(cls, device: torch.device) -> Hardware:
         """Enough of this machine to resolve a setting for ``device`` (a GPU: does it have bfloat16)."""
         cuda = device.type == "cuda"
         return cls(
-            cpus=os.cpu_count() or 1,
+            cpus=usable_cores(),
             gpus=(device.index or 0) + 1 if cuda else 0,
             bf16=cuda and torch.cuda.is_bf16_supported(),
         )

@@ -37,15 +37,18 @@ import torch
 
 from tba.config import Config
 from tba.errors import interrupt_on_sigterm
+from tba.machine import usable_cores
 from tba.plan import Plan, driver_holds_gpu
 from tba.runtime import watchdog as watchdog_module
 
 
-def init_ray(cfg: Config, trainer_device: torch.device | None = None, gpus: int | None = None) -> bool:
+def init_ray(
+    cfg: Config, trainer_device: torch.device | None = None, gpus: int | None = None, cpus: int | None = None
+) -> bool:
     """Join the configured cluster, or start a local instance; True if we started it. A local
     instance gets every GPU but the trainer's when the machine has several (:func:`searcher_gpu_ids`):
-    Ray hands GPUs out without knowing that this process trains on one. ``gpus``: the visible GPUs
-    as the run plan counted them (None: ask CUDA)."""
+    Ray hands GPUs out without knowing that this process trains on one. ``gpus`` and ``cpus``: the
+    visible GPUs and the usable cores as the run plan counted them (None: ask CUDA, and the OS)."""
     if ray.is_initialized():
         return False
     quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
@@ -61,7 +64,7 @@ def init_ray(cfg: Config, trainer_device: torch.device | None = None, gpus: int 
     if others is not None:  # Ray's node manager reads the variable when it starts; this process keeps its own
         os.environ["CUDA_VISIBLE_DEVICES"] = others
     try:  # "local": a new instance even when another runs on this machine (Ray would join the latest)
-        ray.init(address="local", num_cpus=os.cpu_count(), _node_ip_address="127.0.0.1", **quiet)
+        ray.init(address="local", num_cpus=cpus or usable_cores(), _node_ip_address="127.0.0.1", **quiet)
     finally:
         if others is not None:
             if visible is None:
@@ -104,7 +107,7 @@ def ray_session(cfg: Config, plan: Plan):
     watchdog = start_watchdog(cfg)
     started, old_sigterm = False, None
     try:
-        started = init_ray(cfg, driver_device(cfg, plan.torch_device), plan.hardware.gpus)
+        started = init_ray(cfg, driver_device(cfg, plan.torch_device), plan.hardware.gpus, plan.hardware.cpus)
         old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
         yield started
     finally:
