@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.models.loading import encode_prompts, eos_ids, load_causal_lm, load_tokenizer
+from tba.models.loading import encode_prompts, eos_ids, generation_config_of, load_causal_lm, load_tokenizer
 from tba.models.logprobs import pack, plan_micro_batches, sequence_logprobs, token_logprobs, truncate_at_eos
 
 
@@ -130,6 +130,23 @@ def test_load_tokenizer_falls_back_to_eos_for_padding(tmp_path, tokenizer):
     no_pad.save_pretrained(tmp_path)
     tok = load_tokenizer(str(tmp_path))
     assert tok.pad_token_id == tok.eos_token_id == tokenizer.eos_token_id
+
+
+def test_eos_ids_from_the_generation_config_alone_equal_the_loaded_models(tiny_checkpoint, tokenizer, tmp_path):
+    """The run plan learns the EOS ids before the policy's weights load (the searchers start meanwhile)."""
+    model = load_causal_lm(str(tiny_checkpoint), torch.device("cpu"))
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]  # a second end token, as chat models have
+    model.save_pretrained(tmp_path / "two")
+    tokenizer.save_pretrained(tmp_path / "two")
+    for path in (tiny_checkpoint, tmp_path / "two"):
+        loaded = eos_ids(tokenizer, load_causal_lm(str(path), torch.device("cpu")))
+        assert eos_ids(tokenizer, None, generation_config=generation_config_of(str(path))) == loaded
+    assert loaded == {tokenizer.eos_token_id, 7}
+    (tmp_path / "two" / "generation_config.json").unlink()  # transformers derives one from the config
+    derived = generation_config_of(str(tmp_path / "two"))
+    assert eos_ids(tokenizer, None, generation_config=derived) == eos_ids(
+        tokenizer, load_causal_lm(str(tmp_path / "two"), torch.device("cpu"))
+    )
 
 
 def test_load_causal_lm(tiny_checkpoint, tokenizer):

@@ -50,8 +50,8 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     assert list(startup) == [
         "checks and run directory",
         "Ray",
-        "trainer's model",
         "starting searchers",
+        "trainer's model",
         "first publication",
         "evaluation at step 0",
         "waiting for the first batch",

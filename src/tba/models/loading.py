@@ -173,13 +173,16 @@ def eos_ids(
     model: torch.nn.Module | None = None,
     extra_tokens: list[str] | tuple[str, ...] = (),
     chat_template: bool | None = None,
+    generation_config=None,
 ) -> set[int]:
     """Every token id that ends a completion: the tokenizer's EOS, the model's generation-config
-    EOS, the chat template's end-of-turn token when prompts use the template (Qwen's
-    ``<|im_end|>`` is not its tokenizer's EOS), and ``extra_tokens`` (``model.eos_tokens``)."""
+    EOS (``generation_config``: the model's, read without loading it), the chat template's
+    end-of-turn token when prompts use the template (Qwen's ``<|im_end|>`` is not its tokenizer's
+    EOS), and ``extra_tokens`` (``model.eos_tokens``)."""
     ids = {tokenizer.eos_token_id}
-    if model is not None:
-        extra = getattr(model.generation_config, "eos_token_id", None)
+    generation_config = model.generation_config if model is not None else generation_config
+    if generation_config is not None:
+        extra = getattr(generation_config, "eos_token_id", None)
         if isinstance(extra, int):
             ids.add(extra)
         elif extra:
@@ -256,3 +259,16 @@ def encode_prompts(
         encoded = tokenizer(list(plain.values()), add_special_tokens=True)["input_ids"]
         out.update(zip(plain, (list(ids) for ids in encoded), strict=True))
     return [out[i] for i in range(len(prompts))]
+
+
+def generation_config_of(name_or_path: str, trust_remote_code: bool = False):
+    """The generation config a model loaded from ``name_or_path`` gets, without loading its weights:
+    its ``generation_config.json``, else the one transformers derives from its config."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        return GenerationConfig.from_model_config(
+            AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        )

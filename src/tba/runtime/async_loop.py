@@ -46,6 +46,7 @@ from tba.runtime.broadcast import BroadcastSender
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import one_engine_at_a_time, ray_session
 from tba.runtime.health import FallWatch, remedy
+from tba.runtime.preflight import plan_with_eos, policy_tokenizer
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
@@ -90,18 +91,15 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             else:
                 store = RayWeightStore(board)
             weights = BackgroundPublisher(store) if cfg.trainer.num_ranks == 1 else store
-            c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
-            plan = c.plan  # with the EOS ids, which the searchers take from it
-            plan.save(run_dir)
-            startup.mark("trainer's model")
-            resumed = cfg.run.resume and resume(c, run_dir, log)
-            metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
-            cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
-            # Searcher processes start (imports, model loading) while this one publishes and
-            # evaluates; the model paths are resolved by now, so none of them builds the demo model.
+            # The searchers start first (imports, model loading: most of the start-up), while this
+            # process loads the trainer's model, publishes and evaluates: the plan learns the EOS ids
+            # from the policy's tokenizer and generation config, before its weights load. The model
+            # paths are resolved by now, so no searcher builds the demo model.
             # vLLM engines that share a GPU start one at a time, before the trainer uses it: each sizes its
             # KV cache from the memory the GPU has free while it profiles, which another process's
             # allocations would take from it (or, freed meanwhile, make vLLM's profiling fail).
+            plan = plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared[1]))
+            cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
             alone = one_engine_at_a_time(cfg, plan, shared)
             for i in range(r.num_searchers):
                 actors.append(
@@ -120,6 +118,11 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
                 if alone:
                     ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
             startup.mark("starting searchers")
+            c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
+            plan.save(run_dir)
+            startup.mark("trainer's model")
+            resumed = cfg.run.resume and resume(c, run_dir, log)
+            metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
             c.trainer.publish()  # searchers start from the trainer's weights
             c.trainer.flush_publication()
             startup.mark("first publication")

@@ -13,7 +13,6 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
 from tba.config import Config
-from tba.demo import BUILTIN_PREFIX
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
@@ -32,7 +31,7 @@ from tba.models.lora import (
 from tba.models.precision import Precision
 from tba.plan import Plan, make_plan
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
-from tba.runtime.preflight import check_models, make_task, prepare_task
+from tba.runtime.preflight import check_models, make_task, policy_tokenizer, prepare_task
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher, StreamingSearcher
 from tba.tasks import Task
@@ -264,10 +263,7 @@ def build_components(
         check_models(cfg, plan, log)
     device = plan.torch_device
     m = cfg.model
-    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # the model folder's own tokenizer
-        tokenizer = load_tokenizer(plan.policy, m.trust_remote_code)
-    else:  # loaded once, by prepare_task
-        tokenizer = prepared_tokenizer
+    tokenizer = policy_tokenizer(cfg, plan, prepared_tokenizer)
     precision = Precision(plan.precision, device.type)
     precision.warn(log)
     ranks = None

@@ -9,7 +9,7 @@ from tba.config import Config, ConfigError
 from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.generation.turns import make_conversations
 from tba.generation.vllm_backend import check_vllm_backend
-from tba.models.loading import check_causal_lm, eos_ids, load_tokenizer
+from tba.models.loading import check_causal_lm, eos_ids, generation_config_of, load_tokenizer
 from tba.models.lora import check_lora_config
 from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
 from tba.plan import Plan
@@ -59,3 +59,20 @@ def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
         )
     log(task.describe())
     return task, tokenizer
+
+
+def policy_tokenizer(cfg: Config, plan: Plan, prepared_tokenizer):
+    """The policy's tokenizer: a built-in model's folder has its own (``model.tokenizer`` unset), else
+    the one :func:`prepare_task` loaded."""
+    m = cfg.model
+    if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):
+        return load_tokenizer(plan.policy, m.trust_remote_code)
+    return prepared_tokenizer
+
+
+def plan_with_eos(cfg: Config, plan: Plan, tokenizer) -> Plan:
+    """``plan`` with the ids that end a completion, found before the policy's weights load (from its
+    generation config), so that searcher processes can start while the trainer loads them."""
+    m = cfg.model
+    config = generation_config_of(plan.policy, m.trust_remote_code)
+    return plan.with_eos(eos_ids(tokenizer, None, m.eos_tokens, m.chat_template, generation_config=config))
