@@ -17,6 +17,7 @@ import torch
 from tba.runtime.actors import Inbox
 from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender, Layout
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
+from tba.weights import BackgroundPublisher
 
 
 def random_state(seed: int) -> dict[str, torch.Tensor]:
@@ -158,6 +159,19 @@ def test_broadcast_delivers_exact_weights_and_survives_a_searcher_killed_mid_bro
     # every version was published once, by one path, in order
     assert ray.get(board.get_if_newer.remote(-1))[0] == 4
     assert sender.metrics() == {"weights/broadcast_group": 1.0, "weights/broadcasts": 3.0, "weights/fallbacks": 1.0}
+
+    # from the publisher's thread, as a run publishes: live fp32 weights (no cast copies them) are
+    # free once staged in the send buffer, so the optimizer step after settle() changes nothing sent
+    publisher = BackgroundPublisher(sender)
+    live = random_state(5)
+    publisher.publish(live, 5, aliases=True)
+    publisher.settle()
+    for t in {id(t): t for t in live.values()}.values():
+        t.add_(1)  # the optimizer's step
+    publisher.flush()
+    assert sender.last == (5, None)
+    received_by_all(5, 5)  # the weights as they were handed over
+    publisher.close()
     sender.close()
 
 

@@ -263,6 +263,11 @@ class BackgroundPublisher:
                     with self._cond:  # the publication reads its own host copy from here on
                         self._busy_live = False
                         self._cond.notify_all()
+                if self._busy_live and hasattr(self.store, "stage"):  # a store that copies first, then sends
+                    state = self.store.stage(state)
+                    with self._cond:
+                        self._busy_live = False
+                        self._cond.notify_all()
                 self.store.publish(state, version)
             except BaseException as err:  # surfaces on the trainer's next call
                 with self._cond:

@@ -134,10 +134,27 @@ class BroadcastSender:
         if self.group is not None:  # formed once: this version did not go the way it should
             self.fallbacks += 1
 
+    def stage(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy ``state_dict`` into the send buffer and return it as views of the buffer: the live
+        weights are free once this returns (:class:`tba.weights.BackgroundPublisher` lets the
+        optimizer go on), and :meth:`publish` sends the buffer without a second copy."""
+        layout = Layout.of(state_dict)
+        with self.lock:
+            if self.layout is None:
+                self.layout = layout
+            if layout != self.layout:
+                return state_dict
+            if self.buffer is None:
+                self.buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8)
+            self.layout.fill(self.buffer, {k: v.detach().cpu() for k, v in state_dict.items()})
+            return self.layout.views(self.buffer)
+
     def _broadcast(self, state_dict: dict[str, torch.Tensor], version: int) -> bool:
         if self.buffer is None:
             self.buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8)
-        self.layout.fill(self.buffer, {k: v.detach().cpu() for k, v in state_dict.items()})
+        first = next(iter(state_dict.values()))
+        if first.untyped_storage().data_ptr() != self.buffer.untyped_storage().data_ptr():  # not staged here
+            self.layout.fill(self.buffer, {k: v.detach().cpu() for k, v in state_dict.items()})
         try:
             ray.get(self.board.announce_broadcast.remote(version, self.generation))
             _broadcast(self.group, torch.tensor([version, self.generation], dtype=torch.int64))
