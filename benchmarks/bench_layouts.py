@@ -1,0 +1,143 @@
+"""Which layout is fastest where searchers share the trainer's cores: the sync runtime against the
+ray runtime with each split of the cores and with searchers capped to what the trainer draws.
+
+    .venv/bin/python benchmarks/bench_layouts.py run --settings demo --seeds 0 1 2
+    .venv/bin/python benchmarks/bench_layouts.py run --settings real --seeds 0 --real-backend vllm
+    .venv/bin/python benchmarks/bench_layouts.py report
+
+Each run is the real command line (``tba train``, the settings of ``bench_async_regimes.py``: the
+demo, and SmolLM2-135M-Instruct on the word problems), one at a time, in its own process. Arms:
+
+- ``sync``: generate, then train, each with every core (what ``runtime.type: auto`` takes on a
+  machine without a GPU);
+- ``auto``: no runtime named (checks that it is the sync runtime's speed here);
+- ``ray``: a searcher on one core, the trainer on the rest (the default split);
+- ``ray_t2``: the trainer on every core as well (the two oversubscribe the cores);
+- ``ray_ahead1``: the default split, searchers paused while a step's worth of groups waits
+  (``runtime.max_ahead=1``);
+- ``ray_ahead1_t2``: the cap, the trainer on every core: the trainer's threads have the cores
+  while the searcher waits.
+
+Printed per setting and arm, over the seeds: wall-clock of the whole command, its ratio to sync's
+at the same seed (above 1: faster than sync), the gain of the greedy evaluation, the searchers'
+completions per completion the trainer drew (above 1: they made data it never drew), the seconds
+searchers paused, and the trainer's median step. Results go to ``--out``/results.json with the
+machine (a run again replaces its row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_async_regimes import SETTINGS  # noqa: E402
+from bench_headline import outcome, train  # noqa: E402
+
+from tba.config import load_config  # noqa: E402
+from tba.machine import describe_machine, machine_line  # noqa: E402
+from tba.metrics import read_metrics  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS: dict[str, list[str]] = {
+    "sync": ["--runtime.type=sync"],
+    "auto": [],
+    "ray": ["--runtime.type=ray"],
+    "ray_t2": ["--runtime.type=ray", "--runtime.trainer_cpus=2"],
+    "ray_ahead1": ["--runtime.type=ray", "--runtime.max_ahead=1"],
+    "ray_ahead1_t2": ["--runtime.type=ray", "--runtime.max_ahead=1", "--runtime.trainer_cpus=2"],
+}
+
+
+def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
+    metric = "eval/reward" if setting == "real" else "eval/accuracy"
+    name = f"{setting}-{arm}-seed{seed}"
+    args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false", *extra]
+    summary, wall = train(args, out, name)
+    rows = [r for r in read_metrics(out / name / "metrics.jsonl") if r.get("train/loss") is not None]
+    config = json.loads((out / name / "plan.json").read_text())
+    cfg = load_config(out / name / "config.yaml", [])
+    drawn = len(rows) * cfg.trainer.batch_prompts * cfg.generation.group_size or None
+    last = rows[-1] if rows else {}
+    made = last.get("searcher/completions")
+    return {
+        "setting": setting,
+        "arm": arm,
+        "seed": seed,
+        "runtime": config["runtime"],
+        **outcome(summary, metric),
+        "wall_clock_s": round(wall, 1),
+        "step_s_median": statistics.median(r["train/step_s"] for r in rows) if rows else None,
+        "made_per_drawn": made / drawn if made and drawn else None,
+        "paused_s": last.get("searcher/paused_s"),
+        "startup_s": summary.get("startup_s"),
+        "command": " ".join(["tba train", *args]),
+    }
+
+
+def report(rows: list[dict], environment: dict | None) -> None:
+    print(f"machine: {machine_line(environment)}" if environment else "machine: unknown")
+    sync = {(r["setting"], r["seed"]): r["wall_clock_s"] for r in rows if r["arm"] == "sync"}
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        print(f"\n### {setting}\n")
+        print("| arm | runtime | seeds | wall, s | vs sync | gain | made / drawn | paused, s | step, s |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for arm in ARMS:
+            rs = sorted((r for r in rows if r["setting"] == setting and r["arm"] == arm), key=lambda r: r["seed"])
+            if not rs:
+                continue
+
+            def mean(key, rs=rs):
+                values = [r[key] for r in rs if r.get(key) is not None]
+                return statistics.mean(values) if values else None
+
+            ratios = [sync[(setting, r["seed"])] / r["wall_clock_s"] for r in rs if (setting, r["seed"]) in sync]
+            cells = [
+                arm,
+                rs[0]["runtime"],
+                ",".join(str(r["seed"]) for r in rs),
+                f"{mean('wall_clock_s'):.0f}",
+                f"{statistics.mean(ratios):.2f}x" if ratios else "-",
+                f"{mean('gain'):.3f}",
+                "-" if mean("made_per_drawn") is None else f"{mean('made_per_drawn'):.2f}",
+                "-" if mean("paused_s") is None else f"{mean('paused_s'):.0f}",
+                "-" if mean("step_s_median") is None else f"{mean('step_s_median'):.2f}",
+            ]
+            print("| " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run", "report"])
+    parser.add_argument("--settings", nargs="+", default=["demo"], choices=["demo", "real"])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--real-backend", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "layouts")
+    a, extra = parser.parse_known_args()  # what is left: overrides passed to every run (after --)
+    extra = [x for x in extra if x != "--"]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / ".gitignore").write_text("# the run directories: only results.json is kept\n*/\n")
+    path = a.out / "results.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {"runs": []}
+    rows, environment = kept["runs"], kept.get("environment")
+    if a.command == "run":
+        environment = describe_machine()
+        print(f"machine: {machine_line(environment)}", flush=True)
+        for setting in a.settings:
+            backend = ["--generation.backend=vllm"] if setting == "real" and a.real_backend == "vllm" else []
+            for seed in a.seeds:  # arms side by side at each seed: the machine drifts less between them
+                for arm in a.arms:
+                    row = run(setting, arm, seed, a.out / "runs", [*backend, *extra])
+                    print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+                    rows = [r for r in rows if (r["setting"], r["arm"], r["seed"]) != (setting, arm, seed)]
+                    rows.append(row)
+                    path.write_text(json.dumps({"environment": environment, "runs": rows}, indent=1) + "\n")
+    report(rows, environment)
+
+
+if __name__ == "__main__":
+    main()
