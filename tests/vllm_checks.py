@@ -33,7 +33,6 @@ def main(path: str) -> dict:
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator
     from tba.generation.vllm_backend import VLLMGenerator
-    from tba.models.logprobs import token_logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = {tokenizer.eos_token_id}
@@ -52,14 +51,7 @@ def main(path: str) -> dict:
 
     sampled = SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=6, logprobs=True)
     groups = engine.generate(prompts, sampled)
-    flat = [c for g in groups for c in g if c.token_ids]
-    tf, _ = token_logprobs(
-        model,
-        [p for p, g in zip(prompts, groups, strict=True) for c in g if c.token_ids],
-        [c.token_ids for c in flat],
-        tokenizer.pad_token_id,
-        eos,
-    )
+    flat, tf = teacher_forced(model, prompts, groups, tokenizer, eos)
     diffs = [abs(a - tf[i, j].item()) for i, c in enumerate(flat) for j, a in enumerate(c.token_logps)]
     out["sampled_group_sizes"] = [len(g) for g in groups]
     out["sampled_logp_max_diff"] = max(diffs)
@@ -115,6 +107,22 @@ def chat(path: str) -> dict:
     return out
 
 
+def teacher_forced(model, prompts, groups, tokenizer, eos):
+    """The non-empty completions of ``groups`` and HF's teacher-forced log-prob of each of their tokens."""
+    from tba.models.logprobs import token_logprobs
+
+    flat = [c for g in groups for c in g if c.token_ids]
+    with torch.no_grad():
+        tf, _ = token_logprobs(
+            model,
+            [p for p, g in zip(prompts, groups, strict=True) for c in g if c.token_ids],
+            [c.token_ids for c in flat],
+            tokenizer.pad_token_id,
+            eos,
+        )
+    return flat, tf
+
+
 def lora(path: str) -> dict:
     """A LoRA policy as searchers run it with vLLM: the adapter the trainer publishes after
     training steps, loaded into the searcher's PEFT copy, merged into the engine's weights; then the
@@ -126,7 +134,7 @@ def lora(path: str) -> dict:
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator
     from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
-    from tba.models.logprobs import sequence_logprobs, token_logprobs
+    from tba.models.logprobs import sequence_logprobs
     from tba.models.lora import add_adapter, published_state
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -169,15 +177,7 @@ def lora(path: str) -> dict:
     sampled = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, logprobs=True)
     runs = adapter.generate(prompts, sampled)
     # the engine's log-prob of each token it sampled is the adapted policy's, by teacher forcing in HF
-    flat = [c for g in runs for c in g if c.token_ids]
-    with torch.no_grad():
-        tf, _ = token_logprobs(
-            policy,
-            [p for p, g in zip(prompts, runs, strict=True) for c in g if c.token_ids],
-            [c.token_ids for c in flat],
-            tokenizer.pad_token_id,
-            eos,
-        )
+    flat, tf = teacher_forced(policy, prompts, runs, tokenizer, eos)
     pairs = [(a, tf[i, j].item()) for i, c in enumerate(flat) for j, a in enumerate(c.token_logps)]
     config, r = policy.config, settings.r
     h, inner = config.hidden_size, config.intermediate_size

@@ -275,10 +275,10 @@ class SleepCycle:
             self.kv_awake = True
 
 
-class MergedLoraGenerator:
-    """A vLLM engine for a LoRA policy: ``load_weights`` takes the published adapter, loads it into
-    ``lora_model`` (this process's PEFT copy of the policy, whose base is the reference) and reloads
-    the engine with the merged full weights."""
+class LoraEngine:
+    """A vLLM engine for a LoRA policy, with ``lora_model`` (this process's PEFT copy of the
+    policy, whose base is the reference) that takes each published adapter: what the two ways of
+    running it share."""
 
     def __init__(self, engine: VLLMGenerator, lora_model: torch.nn.Module):
         self.engine = engine
@@ -290,6 +290,11 @@ class MergedLoraGenerator:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         return self.engine.generate(prompts, params)
+
+
+class MergedLoraGenerator(LoraEngine):
+    """``load_weights`` takes the published adapter into ``lora_model`` and reloads the engine with
+    the merged full weights."""
 
     def load_weights(self, state_dict: dict, version: int) -> None:
         from tba.models.lora import load_published_state, merged_weights
@@ -309,26 +314,17 @@ def lora_engine_args(rank: int) -> dict:
     return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 2}
 
 
-class AdapterLoraGenerator:
-    """A vLLM engine for a LoRA policy that runs the adapter itself (``generation.vllm.lora=adapter``):
-    ``load_weights`` takes the published adapter into ``lora_model`` (this process's PEFT copy),
-    saves it in PEFT's format and has every later request run it under a new id (the engine loads it
-    on the first request; the base weights never move)."""
+class AdapterLoraGenerator(LoraEngine):
+    """The engine runs the adapter itself (``generation.vllm.lora=adapter``): ``load_weights`` takes
+    the published adapter into ``lora_model``, saves it in PEFT's format and has every later request
+    run it under a new id (the engine loads it on the first request; the base weights never move)."""
 
     def __init__(self, engine: VLLMGenerator, lora_model: torch.nn.Module):
         import tempfile
 
-        self.engine = engine
-        self.lora_model = lora_model
+        super().__init__(engine, lora_model)
         self.folder = tempfile.mkdtemp(prefix="tba-adapter-")
         self._saved: list[str] = []
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        return self.engine.generate(prompts, params)
 
     def load_weights(self, state: dict, version: int) -> None:
         import shutil

@@ -19,7 +19,7 @@ from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
 from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream, hf_continuous_problem
 from tba.generation.turns import make_conversations
-from tba.generation.vllm_backend import AdapterLoraGenerator, MergedLoraGenerator, VLLMGenerator
+from tba.generation.vllm_backend import AdapterLoraGenerator, LoraEngine, MergedLoraGenerator, VLLMGenerator
 from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer
 from tba.models.lora import (
     ReferenceView,
@@ -167,8 +167,7 @@ def make_searcher(
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
         if plan.stream == "vllm":
-            lora = isinstance(generator, (MergedLoraGenerator, AdapterLoraGenerator))
-            engine = generator.engine if lora else generator
+            engine = generator.engine if isinstance(generator, LoraEngine) else generator
             stream = VLLMStream(engine, params, loader=generator)
         elif plan.stream == "hf_continuous" and (why := hf_continuous_problem(generator, params)) is None:
             stream = HFContinuousStream(generator, params, in_flight, seed=cfg.run.seed * 1000 + searcher_id)
