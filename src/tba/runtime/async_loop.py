@@ -39,7 +39,7 @@ from tba.console import RunDisplay
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
-from tba.plan import actor_gpu_shares
+from tba.plan import Plan, actor_gpu_shares
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.broadcast import BroadcastSender
@@ -95,32 +95,19 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             # process loads the trainer's model, publishes and evaluates: the plan learns the EOS ids
             # from the policy's tokenizer and generation config, before its weights load. The model
             # paths are resolved by now, so no searcher builds the demo model.
-            # vLLM engines that share a GPU start one at a time, before the trainer uses it: each sizes its
-            # KV cache from the memory the GPU has free while it profiles, which another process's
-            # allocations would take from it (or, freed meanwhile, make vLLM's profiling fail).
             plan = plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared[1]))
-            cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
-            alone = one_engine_at_a_time(cfg, plan, shared)
-            for i in range(r.num_searchers):
-                actors.append(
-                    SearcherWorker.options(
-                        num_cpus=r.searcher_cpus,
-                        num_gpus=plan.searcher_gpus,
-                        resources=dict(r.searcher_resources),
-                        max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
-                    ).remote(cfg_data, plan_data, i, names, os.getcwd())
-                )
-                if alone:  # (a searcher that fails to start is reported by the pool, as always)
-                    ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
-            initial = {}
-            if cfg.eval.async_:
-                background = BackgroundEvaluation(cfg, plan)
-                if alone:
-                    ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
-            startup.mark("starting searchers")
+            # trainer ranks take whole GPUs of their own: they start first, the searchers' shares then
+            early = cfg.trainer.num_ranks == 1
+            if early:
+                background = _start_actors(cfg, plan, names, shared, actors)
+                startup.mark("starting searchers")
             c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
             plan.save(run_dir)
             startup.mark("trainer's model")
+            if not early:
+                background = _start_actors(cfg, plan, names, shared, actors)
+                startup.mark("starting searchers")
+            initial = {}
             resumed = cfg.run.resume and resume(c, run_dir, log)
             metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
             c.trainer.publish()  # searchers start from the trainer's weights
@@ -151,6 +138,34 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             if c is not None:
                 c.close()
     return run_dir, finish(console, run_dir, c, cfg, start, extra)
+
+
+def _start_actors(cfg: Config, plan: Plan, names: tuple[str, str], shared: bool, actors: list):
+    """Start the searcher actors (appended to ``actors`` as they start, for the caller's clean-up)
+    and the evaluation actor (``eval.async``; returned, else None). vLLM engines that share a GPU
+    start one at a time, before the trainer uses it: each sizes its KV cache from the memory the GPU
+    has free while it profiles, which another process's allocations would take from it (or, freed
+    meanwhile, make vLLM's profiling fail)."""
+    r = cfg.runtime
+    cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
+    alone = one_engine_at_a_time(cfg, plan, shared)
+    for i in range(r.num_searchers):
+        actors.append(
+            SearcherWorker.options(
+                num_cpus=r.searcher_cpus,
+                num_gpus=plan.searcher_gpus,
+                resources=dict(r.searcher_resources),
+                max_restarts=-1 if r.max_searcher_restarts else 0,  # SearcherPool enforces the limit
+            ).remote(cfg_data, plan_data, i, names, os.getcwd())
+        )
+        if alone:  # (a searcher that fails to start is reported by the pool, as always)
+            ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
+    if not cfg.eval.async_:
+        return None
+    background = BackgroundEvaluation(cfg, plan)
+    if alone:
+        ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
+    return background
 
 
 def published_weights(c: Components) -> dict | ray.ObjectRef:
