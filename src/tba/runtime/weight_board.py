@@ -72,12 +72,14 @@ class WeightBoard:
     def register(self, index: int, token: str) -> None:
         self.registered[index] = token
 
+    @ray.method(enable_task_events=False)  # polled twice a second by the trainer's side
     def members(self) -> dict[int, str]:
         return dict(self.registered)
 
     def announce_group(self, generation: int, spec: dict) -> None:
         self.group = (generation, spec)
 
+    @ray.method(enable_task_events=False)  # once a publication
     def announce_broadcast(self, version: int, generation: int) -> None:
         self.pending = (version, generation)
 
