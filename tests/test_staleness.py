@@ -105,8 +105,9 @@ def test_extra_lag_makes_the_searcher_exactly_d_versions_behind(tmp_path, demo_c
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--buffer.fresh_only=true"], "set runtime.type=sync"),
-        (["--runtime.extra_lag=4"], "set runtime.type=sync"),
+        (["--runtime.type=ray", "--buffer.fresh_only=true"], "set runtime.type=sync"),
+        (["--runtime.type=ray", "--runtime.extra_lag=4"], "set runtime.type=sync"),
+        (["--eval.async=true", "--runtime.extra_lag=4"], "and drop eval.async"),  # auto can take neither runtime
         (["--runtime.type=sync", "--buffer.fresh_only=true", "--generation.prompts_per_batch=4"], "must equal"),
         (
             ["--runtime.type=sync", "--buffer.fresh_only=true", "--generation.samples_per_prompt=16"],

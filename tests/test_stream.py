@@ -164,8 +164,8 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
     cfg = load_config(None, ["--generation.stream=true", "--generation.weight_update=drain"])
     assert (cfg.generation.max_in_flight, cfg.generation.weight_update) == (None, "drain")
 
-    def streams(*args, device="cuda"):
-        cfg = load_config(None, list(args))
+    def streams(*args, device="cuda"):  # the ray runtime unless the arguments say sync
+        cfg = load_config(None, ["--runtime.type=ray", *args])
         return cfg.generation.streams(cfg.runtime.type, device)
 
     # auto: the ray runtime streams long completions on vLLM or a GPU; true and false are kept as given
