@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from tba.runtime.weight_board import RayWeightStore, unpack
+from tba.weights import map_shared, to_host
 
 TIMEOUT_S = 60.0  # a broadcast or a group's forming, on the trainer's side
 POLL_S = 0.05  # how often a searcher asks the board for an announced broadcast
@@ -54,14 +55,16 @@ class Layout:
 
     @classmethod
     def of(cls, state: dict[str, torch.Tensor]) -> Layout:
-        entries, seen, offset = [], {}, 0
-        for name, t in state.items():
-            key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
-            if key not in seen:
-                seen[key] = offset
-                offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-            entries.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), seen[key]))
-        return cls(tuple(entries), offset)
+        end = 0
+
+        def place(t: torch.Tensor) -> int:  # called once per distinct tensor (ties: map_shared)
+            nonlocal end
+            at, end = end, end + -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+            return at
+
+        offsets = map_shared(state, place)
+        entries = [(k, str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[k]) for k, t in state.items()]
+        return cls(tuple(entries), end)
 
     def fill(self, buffer: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Copy ``state`` into ``buffer`` (bytes) at this layout's offsets."""
@@ -144,17 +147,19 @@ class BroadcastSender:
                 self.layout = layout
             if layout != self.layout:
                 return state_dict
-            if self.buffer is None:
-                self.buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8)
-            self.layout.fill(self.buffer, {k: v.detach().cpu() for k, v in state_dict.items()})
+            self._fill(state_dict)
             return self.layout.views(self.buffer)
 
-    def _broadcast(self, state_dict: dict[str, torch.Tensor], version: int) -> bool:
+    def _fill(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """``state_dict`` into the send buffer (allocated once), unless :meth:`stage` put it there."""
         if self.buffer is None:
             self.buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8)
         first = next(iter(state_dict.values()))
-        if first.untyped_storage().data_ptr() != self.buffer.untyped_storage().data_ptr():  # not staged here
-            self.layout.fill(self.buffer, {k: v.detach().cpu() for k, v in state_dict.items()})
+        if first.untyped_storage().data_ptr() != self.buffer.untyped_storage().data_ptr():
+            self.layout.fill(self.buffer, to_host(state_dict))
+
+    def _broadcast(self, state_dict: dict[str, torch.Tensor], version: int) -> bool:
+        self._fill(state_dict)
         try:
             ray.get(self.board.announce_broadcast.remote(version, self.generation))
             _broadcast(self.group, torch.tensor([version, self.generation], dtype=torch.int64))
