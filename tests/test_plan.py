@@ -99,6 +99,19 @@ def test_auto_runtime_takes_turns_on_a_shared_device_and_runs_side_by_side_on_de
         plan(["--runtime.extra_lag=2", "--eval.async=true"])
 
 
+def test_each_runtimes_entry_point_runs_its_own_runtime_with_auto_resolved():
+    from tba.plan import runtime_config
+
+    cfg = runtime_config(load_config(None, []), "sync", TWO_CORES)  # what run_sync trains with
+    assert cfg.runtime.type == "sync" and cfg.objective.trust_region is None  # the band follows the runtime
+    four = Hardware(cpus=16, gpus=4, bf16=True)
+    assert runtime_config(load_config(None, []), "ray", four).objective.trust_region == 0.5
+    with pytest.raises(ConfigError, match=r"auto chose sync \(searchers would share .*set runtime.type=ray"):
+        runtime_config(load_config(None, []), "ray", TWO_CORES)
+    with pytest.raises(ConfigError, match="runtime.type=ray, and this is the sync runtime's entry point"):
+        runtime_config(load_config(None, ["--runtime.type=ray"]), "sync", TWO_CORES)
+
+
 def test_an_impossible_transport_is_refused_in_one_line(capsys):
     from tba.cli import main
 

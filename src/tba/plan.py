@@ -318,6 +318,24 @@ def resolve_runtime(cfg: Config, hardware: Hardware | None = None) -> Config:
     return resolved
 
 
+def runtime_config(cfg: Config, runtime: str, hardware: Hardware | None = None) -> Config:
+    """``cfg`` for a run of ``runtime`` (``sync`` or ``ray``: the entry point that was called),
+    ``auto`` resolved here (:func:`resolve_runtime`), so that the objective, the buffer and the
+    trainer read the runtime that runs; a config that names, or resolves to, the other runtime is
+    refused."""
+    resolved = resolve_runtime(cfg, hardware)
+    if resolved.runtime.type != runtime:
+        how = (
+            f"runtime.type=auto chose {resolved.runtime.type} ({resolved.runtime._chosen})"
+            if cfg.runtime.type == "auto"
+            else (f"runtime.type={cfg.runtime.type}")
+        )
+        raise ConfigError(
+            f"{how}, and this is the {runtime} runtime's entry point; set runtime.type={runtime} or run the other"
+        )
+    return resolved
+
+
 def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     """The plan of ``cfg`` on ``hardware`` (default: this machine's). Loads nothing; raises
     :class:`ConfigError` for a device the machine does not have. A run resolves ``runtime.type``

@@ -39,7 +39,7 @@ from tba.console import RunDisplay
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
-from tba.plan import Plan, actor_gpu_shares
+from tba.plan import Plan, actor_gpu_shares, runtime_config
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.broadcast import BroadcastSender
@@ -56,6 +56,7 @@ from tba.weights import BackgroundPublisher
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
+    cfg = runtime_config(cfg, "ray")
     console = console or Console(stderr=True)
     start = time.time()
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
