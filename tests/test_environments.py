@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from tests.test_tools import multiply, slow
 
-from tba.environments import ToolEnvironment, call, check_step, load_environment
+from tba.environments import ToolEnvironment, check_step, load_environment
 from tba.tasks.base import Prompt
 from tba.tools import ToolError
+from tba.user_code import call
 
 
 class CountingGame:
@@ -85,7 +86,7 @@ def test_environments_are_plain_or_async_and_load_by_name(cls):
 def test_a_broken_environment_is_said_clearly():
     with pytest.raises(ToolError, match="has no step"):
         load_environment("tests.test_environments:NoStep")
-    with pytest.raises(ToolError, match="not 'module:Class'"):
+    with pytest.raises(ToolError, match="task.environment 'tests.test_environments.CountingGame' is malformed"):
         load_environment("tests.test_environments.CountingGame")
     with pytest.raises(TypeError, match=r"must return \(new_messages, reward or None, done\)"):
         check_step(([], None), CountingGame())

@@ -272,7 +272,7 @@ def test_verl_required_parameter_outside_the_verl_arguments(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ("rewards.py", "'rewards.py' is malformed; write 'pkg.module:function'"),
+        ("rewards.py", "'rewards.py' is malformed; write 'pkg.module:name'"),
         ("mod:not-a-name", "malformed"),
         ("no_such_module_tba_xyz:f", "cannot import module 'no_such_module_tba_xyz'.*ModuleNotFoundError.*PYTHONPATH"),
         ("missing/dir/rewards.py:f", "rewards.py' does not exist; fix the path.*resolved against"),

@@ -87,11 +87,11 @@ def test_tools_load_by_name_and_need_hints_and_docstrings():
     assert [fn.__name__ for fn in loaded] == ["multiply", "divide"] and loaded[0](3, 4) == 12
     with pytest.raises(ToolError, match="'undocumented' cannot be described.*docstring"):
         load_tools([undocumented])
-    with pytest.raises(ToolError, match="not 'module:function'"):
+    with pytest.raises(ToolError, match="'tests.test_tools.multiply' is malformed; write 'pkg.module:name'"):
         load_tools(["tests.test_tools.multiply"])
-    with pytest.raises(ToolError, match="cannot import 'no_such_module'"):
+    with pytest.raises(ToolError, match="task.tools 'no_such_module:f': cannot import module 'no_such_module'"):
         load_tools(["no_such_module:f"])
-    with pytest.raises(ToolError, match="has no 'nope'"):
+    with pytest.raises(ToolError, match="has no attribute 'nope'; it defines: .*multiply"):
         load_tools(["tests.test_tools:nope"])
     with pytest.raises(ToolError, match="two tools are named 'multiply'"):
         load_tools([multiply, multiply])

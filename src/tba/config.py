@@ -98,14 +98,16 @@ class _TaskSection(_Section):
     the groups that finished together); a call past it is given up, its samples dropped and counted
     (``searcher/reward_timeouts``). Default: no limit."""
     tools: list[str] = []
-    """Tools the model may call, as ``module:function`` (plain Python functions with type hints and an
-    ``Args:`` docstring, rendered into the prompt by the chat template): each reply is read for calls in
-    the template's own format, the calls run, and their results come back as ``tool`` messages until a
-    reply calls nothing or ``max_turns`` replies were made. Needs a chat model with a tool-call template."""
+    """Tools the model may call, as ``module:function`` or ``path/to/file.py:function`` (plain or async
+    Python functions with type hints and an ``Args:`` docstring, rendered into the prompt by the chat
+    template): each reply is read for calls in the template's own format, the calls run, and their
+    results come back as ``tool`` messages until a reply calls nothing or ``max_turns`` replies were
+    made. Needs a chat model with a tool-call template."""
     environment: str | None = None
-    """A multi-turn environment, ``module:Class`` with ``reset(prompt) -> messages`` and
-    ``step(messages) -> (new_messages, reward or None, done)`` (plain or async), built with
-    ``environment_args``: one instance per conversation. Not with ``tools`` (tools are an environment)."""
+    """A multi-turn environment, ``module:Class`` or ``path/to/file.py:Class``, with
+    ``reset(prompt) -> messages`` and ``step(messages) -> (new_messages, reward or None, done)`` (plain
+    or async), built with ``environment_args``: one instance per conversation. Not with ``tools``
+    (tools are an environment)."""
     environment_args: dict[str, Any] = {}
     """Keyword arguments of ``environment`` (its class or factory)."""
     max_turns: int = Field(4, ge=1)

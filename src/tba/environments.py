@@ -18,42 +18,18 @@ conditioning, never trained on.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tba.tools import ToolError, load_tools, parse_tool_calls, run_tool
+from tba.user_code import load_object
 
 
-def call(method: Callable, *args) -> Any:
-    """``method(*args)``, awaited to its end when it is a coroutine function (an environment's
-    methods may be either)."""
-    if inspect.iscoroutinefunction(method):
-        return asyncio.run(method(*args))
-    result = method(*args)
-    if inspect.isawaitable(result):
-        return asyncio.run(_awaited(result))
-    return result
-
-
-async def _awaited(awaitable):
-    return await awaitable
-
-
-def load_environment(spec: str, **kwargs) -> Any:
-    """An environment from ``"module:Class"`` (or ``"module:factory"``) called with ``kwargs``,
-    checked to have ``reset`` and ``step``."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ToolError(f"task.environment: {spec!r} is not 'module:Class' (e.g. my_env:Game)")
-    try:
-        factory = getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        raise ToolError(f"task.environment: cannot import {module!r} ({e}); is it on PYTHONPATH?") from None
-    except AttributeError:
-        raise ToolError(f"task.environment: module {module!r} has no {name!r}") from None
+def load_environment(spec: str, base: str | Path | None = None, **kwargs) -> Any:
+    """An environment from ``"module:Class"`` (or ``"module:factory"``, or ``"file.py:Class"``: the
+    forms of :mod:`tba.user_code`, relative to ``base``) called with ``kwargs``, checked to have
+    ``reset`` and ``step``."""
+    factory = load_object(spec, "task.environment", ToolError, base)
     try:
         env = factory(**kwargs)
     except TypeError as e:  # arguments it does not take, or not a class or function at all

@@ -1,10 +1,8 @@
 """User reward functions: loaded from config strings, checked before a run, called safely on batches.
 
 Naming a function
-    ``"pkg.module:fn"`` imports ``pkg.module`` (from ``base_dir`` too, when the package lives there
-    but is not on ``sys.path``); ``"path/to/file.py:fn"`` loads that file, a relative path being
-    resolved against ``base_dir`` (default: the current directory). ``fn`` may be dotted
-    (``module:scorer.score``).
+    ``"pkg.module:fn"`` or ``"path/to/file.py:fn"``, as all user code is named
+    (:mod:`tba.user_code`), relative to ``base_dir`` (default: the current directory).
 
 Calling convention (TRL's), once per batch::
 
@@ -15,9 +13,9 @@ Calling convention (TRL's), once per batch::
     other dataset column arrives as a keyword argument: a list with one value per sample. Columns
     named like the three standard arguments are not passed. Extra keyword arguments from config
     (``task.reward_kwargs``) override columns of the same name. A function without ``**kwargs``
-    receives only the arguments it names. ``async def`` functions are awaited. An item ``None``
-    means "no opinion" on that sample. ``bool`` and numpy scalars count as numbers (True is 1.0);
-    a 1-D array is accepted in place of a list.
+    receives only the arguments it names. ``async def`` functions are awaited
+    (:func:`tba.user_code.resolve`). An item ``None`` means "no opinion" on that sample. ``bool``
+    and numpy scalars count as numbers (True is 1.0); a 1-D array is accepted in place of a list.
 
 verl style (``style="verl"``)
     ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` is called
@@ -42,24 +40,18 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import os
 import re
-import sys
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from tba.errors import UserError
+from tba.user_code import describe_exception, load_object, resolve, split_spec
 
 STANDARD_ARGS = ("prompts", "completions", "completion_ids")
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -161,116 +153,14 @@ def _per_function_kwargs(kwargs: dict | list[dict] | None, n: int) -> list[dict[
 
 
 def _load_target(spec: str, base: Path) -> Callable[..., Any]:
-    where, attr = _split_spec(spec)
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        module = _load_file(spec, where, base)
-    else:
-        module = _import_module(spec, where, attr, base)
-    target: Any = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            defined = ", ".join(_defined_callables(module)) or "no functions"
-            raise RewardFunctionError(
-                f"reward function {spec!r}: {where} has no attribute {attr!r}; it defines: {defined}. "
-                "Fix the name after ':'"
-            )
-        target = getattr(target, part)
+    target = load_object(spec, "reward function", RewardFunctionError, base)
     if inspect.isclass(target) or not callable(target):
         kind = "a class" if inspect.isclass(target) else f"a {type(target).__name__}, not callable"
+        _, attr = split_spec(spec, "reward function", RewardFunctionError)
         raise RewardFunctionError(
             f"reward function {spec!r}: {attr!r} is {kind}; point the spec at a function (or at an instance)"
         )
     return target
-
-
-def _split_spec(spec: str) -> tuple[str, str]:
-    where, sep, attr = str(spec).rpartition(":")
-    # rpartition keeps Windows drive letters in the path; the function part must be a dotted name
-    if not sep or not where or not all(part.isidentifier() for part in attr.split(".")):
-        raise RewardFunctionError(
-            f"reward function spec {spec!r} is malformed; write 'pkg.module:function' or 'path/to/file.py:function'"
-        )
-    return where, attr
-
-
-def _import_module(spec: str, name: str, attr: str, base: Path) -> ModuleType:
-    try:
-        return _import_from(name, base)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            raise RewardFunctionError(
-                f"reward function {spec!r}: cannot import module {name!r} ({type(exc).__name__}: {exc}); install it or "
-                f"put the directory holding it on PYTHONPATH, or name the file: "
-                f"'path/to/{name.replace('.', '/')}.py:{attr}'"
-            ) from exc
-        raise _import_raised(spec, name, exc) from exc
-    except Exception as exc:
-        raise _import_raised(spec, name, exc) from exc
-
-
-def _import_raised(spec: str, name: str, exc: BaseException) -> RewardFunctionError:
-    return RewardFunctionError(
-        f"reward function {spec!r}: importing module {name!r} raised {_describe(exc)}; "
-        "fix the module, or install what it imports"
-    )
-
-
-def _import_from(name: str, base: Path) -> ModuleType:
-    """Import ``name``; when it is not on sys.path but lives in ``base``, add ``base`` and retry.
-
-    Console scripts do not put the current directory on sys.path, so a user's ``my_rewards:fn``
-    next to their config would otherwise not be found. ``base`` stays on sys.path so that the
-    module's own imports and pickling by module name keep working.
-    """
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        top = name.partition(".")[0]
-        here = (base / top).is_dir() or (base / f"{top}.py").is_file()
-        if exc.name != top or not here or str(base) in sys.path:
-            raise
-    sys.path.insert(0, str(base))
-    importlib.invalidate_caches()
-    return importlib.import_module(name)
-
-
-def _load_file(spec: str, where: str, base: Path) -> ModuleType:
-    path = Path(where).expanduser()
-    path = (path if path.is_absolute() else base / path).resolve()
-    if not path.is_file():
-        raise RewardFunctionError(
-            f"reward function {spec!r}: file {str(path)!r} does not exist; fix the path "
-            f"(a relative path is resolved against {str(base)!r})"
-        )
-    # The resolved path in the name keeps two files called rewards.py apart, and loads one file once
-    # even when several specs name it (they then share module state, as imported modules do).
-    stem = re.sub(r"\W", "_", path.stem)
-    name = f"tba_reward_{stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise RewardFunctionError(f"reward function {spec!r}: {str(path)!r} is not a Python file; name a .py file")
-    module = importlib.util.module_from_spec(module_spec)
-    # Registered before it runs, as the import system does: dataclasses and pickle look modules up by name.
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:
-        del sys.modules[name]
-        raise RewardFunctionError(
-            f"reward function {spec!r}: loading {str(path)!r} raised {_describe(exc)}; fix the file"
-        ) from exc
-    return module
-
-
-def _defined_callables(module: ModuleType) -> list[str]:
-    """Public functions and callables that ``module`` itself defines (not what it imports)."""
-    names = []
-    for key, value in vars(module).items():
-        if not key.startswith("_") and callable(value) and getattr(value, "__module__", None) == module.__name__:
-            names.append(key)
-    return sorted(names)
 
 
 def _callable_name(fn: Any) -> str:
@@ -465,37 +355,7 @@ def _call(rf: RewardFn, batch: _Batch) -> Any:
     params = _parameters(rf.fn)
     if params is not None and not _accepts_any(params):
         supplied = {k: v for k, v in supplied.items() if k in params}
-    return _resolve(rf.fn(**supplied))
-
-
-_loop_lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_pid: int | None = None
-
-
-def _async_loop() -> asyncio.AbstractEventLoop:
-    """One event loop per process, running in a daemon thread.
-
-    One long-lived loop rather than ``asyncio.run`` per call: async clients that a reward function
-    keeps between calls (httpx, aiohttp, openai) bind to the loop they first ran on and break on a
-    fresh one. Its own thread makes it usable from a thread whose event loop is already running.
-    """
-    global _loop, _loop_pid
-    with _loop_lock:
-        if _loop is None or _loop.is_closed() or _loop_pid != os.getpid():  # a forked child has no loop thread
-            _loop, _loop_pid = asyncio.new_event_loop(), os.getpid()
-            threading.Thread(target=_loop.run_forever, name="tba-reward-async", daemon=True).start()
-        return _loop
-
-
-def _resolve(result: Any) -> Any:
-    if not inspect.isawaitable(result):
-        return result
-
-    async def wait() -> Any:
-        return await result
-
-    return asyncio.run_coroutine_threadsafe(wait(), _async_loop()).result()
+    return resolve(rf.fn(**supplied))
 
 
 class _BadValue(Exception):
@@ -591,7 +451,7 @@ def _dry_run_problem(rf: RewardFn, batch: _Batch) -> str | None:
         raw = _call(rf, batch)
     except Exception as exc:
         return (
-            f"raised {_describe(exc)} when called on {n} dataset rows with dummy completions; "
+            f"raised {describe_exception(exc)} when called on {n} dataset rows with dummy completions; "
             "make it handle any completion (return None for 'no opinion')"
         )
     try:
@@ -740,15 +600,6 @@ def _outcomes(raw: Any, indices: list[int], total: int) -> list[float | None | _
 
 # --------------------------------------------------------------------------------------------
 # Exception text
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message (at file:line in function)``: the exception and the last line of its traceback."""
-    text = f"{type(exc).__name__}: {exc}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
-    if frames:
-        text += f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})"
-    return text
 
 
 def _traceback_text(exc: BaseException) -> str:

@@ -16,20 +16,23 @@ reads the calls out of a completion's text. A call that cannot be read
 (broken JSON, an unknown tool, arguments the function does not take) becomes a
 :class:`ToolCall` with ``error`` set: the searcher answers it with a tool message saying what is
 wrong and counts it, as it counts a tool that raises or runs past its timeout
-(:func:`run_tool`). Nothing a tool or a model does ends a run.
+(:func:`run_tool`). Nothing a tool or a model does ends a run. A tool may be ``async def``
+(:func:`tba.user_code.call`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tba.errors import UserError
+from tba.user_code import call as call_user
+from tba.user_code import load_object
 
 FORMATS = ("hermes", "llama3", "mistral")
 
@@ -58,15 +61,16 @@ class ToolResult:
     status: str = "ok"
 
 
-def load_tools(specs: list[str] | list[Callable]) -> list[Callable]:
-    """The functions ``"module:function"`` names (or the functions themselves), each checked to
+def load_tools(specs: list[str] | list[Callable], base: str | Path | None = None) -> list[Callable]:
+    """The functions ``"module:function"`` or ``"file.py:function"`` names (:mod:`tba.user_code`, relative
+    to ``base``), or the functions themselves, each checked to
     have what a chat template needs: type hints for every argument and a docstring that describes
     them (transformers' ``get_json_schema``)."""
     from transformers.utils import get_json_schema
 
     tools, names = [], set()
     for spec in specs:
-        fn = _import(spec) if isinstance(spec, str) else spec
+        fn = load_object(spec, "task.tools", ToolError, base) if isinstance(spec, str) else spec
         if not callable(fn):
             raise ToolError(f"task.tools: {spec!r} is not a function")
         try:
@@ -81,18 +85,6 @@ def load_tools(specs: list[str] | list[Callable]) -> list[Callable]:
         names.add(fn.__name__)
         tools.append(fn)
     return tools
-
-
-def _import(spec: str) -> Callable:
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ToolError(f"task.tools: {spec!r} is not 'module:function' (e.g. my_tools:calculator)")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        raise ToolError(f"task.tools: cannot import {module!r} for {spec!r} ({e}); is it on PYTHONPATH?") from None
-    except AttributeError:
-        raise ToolError(f"task.tools: module {module!r} has no {name!r}") from None
 
 
 def tool_call_format(tokenizer) -> str:
@@ -213,7 +205,7 @@ def run_tool(call: ToolCall, tools: list[Callable], timeout: float | None = None
 
     def target():
         try:
-            box["value"] = fn(**call.arguments)
+            box["value"] = call_user(fn, **call.arguments)
         except Exception as e:  # noqa: BLE001 - a tool's failure is the model's to see, not the run's
             box["error"] = f"{type(e).__name__}: {e}"
 

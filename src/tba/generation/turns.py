@@ -23,9 +23,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from tba.environments import ToolEnvironment, call, check_step, environment_text, load_environment
+from tba.environments import ToolEnvironment, check_step, environment_text, load_environment
 from tba.generation.base import Completion, Generator, SamplingParams
 from tba.tools import ToolError, load_tools, tool_call_format
+from tba.user_code import call
 
 COUNTS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "environment_errors")
 
