@@ -331,8 +331,30 @@ def _contrast_window(buffer: ReplayBuffer, spread: int, flat: int) -> None:
 
 
 def _flat_share(batch) -> float:
-    groups = [batch.rollouts[i : i + batch.group_size] for i in range(0, len(batch.rollouts), batch.group_size)]
-    return sum(len({r.reward for r in g}) == 1 for g in groups) / len(groups)
+    return sum(batch.flat(g) for g in range(batch.num_groups)) / batch.num_groups
+
+
+def test_one_flat_group_definition_for_the_buffer_the_metrics_online_dpo_and_the_loss_shares() -> None:
+    import torch
+
+    from tba.objectives import online_dpo_loss
+    from tba.trainer import group_metrics, loss_shares
+
+    # rewards equal up to a reward model's rounding (flat), and apart by 1e-3 (contrast)
+    rounding, apart = [0.7, 0.7 + 1e-12, 0.7, 0.7 - 1e-12], [0.7, 0.701, 0.7, 0.7]
+    buffer = ReplayBuffer(recent_prob=1.0, flat_weight=0.0, seed=0)
+    buffer.add(make_group("flat", [[0, j] for j in range(4)], rewards=rounding), step=0)
+    buffer.add(make_group("spread", [[1, j] for j in range(4)], rewards=apart), step=0)
+    batch = buffer.sample(2, 4)
+    assert [r.prompt_id for r in batch.rollouts[::4]] == ["spread", "flat"]  # contrast first
+    assert batch.stats["buffer/recent_flat"] == 0.5
+    assert [batch.flat(0), batch.flat(1)] == [False, True]
+    assert group_metrics(batch)["train/flat_groups"] == 0.5
+    assert loss_shares(batch, [[0], [1]], "online_dpo") == [1.0, 0.0]  # only the group with a pair weighs
+    reward = torch.tensor([r.reward for r in batch.rollouts], dtype=torch.float64)
+    logp = torch.zeros(8, dtype=torch.float64)
+    _, m = online_dpo_loss(logp, logp, reward, 0.1, 4)
+    assert m["pairs"] == 1.0
 
 
 def test_flat_weight_zero_takes_groups_with_contrast_first() -> None:

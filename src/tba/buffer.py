@@ -15,7 +15,7 @@ with fewer rollouts fills its group with repeats (newest first on the recent pat
 ``batch.stats["buffer/repeat_fraction"]``.
 
 ``flat_weight`` w (1 by default: uniform) weighs the recent path's choice by what a group can teach:
-a recent prompt whose ``group_size`` newest rewards are all equal (a *flat* group: no reward
+a recent prompt whose ``group_size`` newest rewards are all equal (a *flat* group, :func:`tba.types.is_flat`: no reward
 contrast within it) is chosen with weight w against 1 for a prompt with spread. With w = 0 flat
 prompts are taken only when no recent prompt with spread is left. It matters only when more recent
 prompts are eligible than a batch takes (searchers that outpace the trainer); the share of flat
@@ -44,7 +44,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from tba.types import Batch, Rollout, RolloutGroup
+from tba.types import Batch, Rollout, RolloutGroup, is_flat
 
 _rollout_row = attrgetter(*(f.name for f in fields(Rollout)))  # Rollout -> tuple in field order
 _reward = attrgetter("reward")  # C-level getter: the weighted draw reads up to 100 per prompt
@@ -302,7 +302,7 @@ class ReplayBuffer:
         spread, flat = [], []
         for prompt_id in window.eligible.items:
             newest = islice(reversed(self._prompts[prompt_id].rollouts.values()), group_size)
-            (flat if _is_flat(newest) else spread).append(prompt_id)
+            (flat if is_flat([r.reward for r in newest]) else spread).append(prompt_id)
         return _IndexedSet(spread), _IndexedSet(flat)
 
     def _hide(self, prompt_id: str) -> None:
@@ -447,12 +447,6 @@ class ReplayBuffer:
         self._size, self._evicted, self._duplicates = state["counters"]
         self._rng.setstate(_rng_from_state(state["rng"]))
         self._np_rng.bit_generator.state = state["np_rng"]
-
-
-def _is_flat(rollouts) -> bool:
-    """Whether the rollouts' rewards are all equal (no contrast for a group to learn from)."""
-    rewards = [r.reward for r in rollouts]
-    return max(rewards) - min(rewards) <= 1e-9 * max(1.0, abs(rewards[0]))
 
 
 def fresh_batch(groups: list[RolloutGroup], group_size: int, step: int, rng: random.Random) -> Batch:

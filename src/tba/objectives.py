@@ -45,6 +45,8 @@ import math
 
 import torch
 
+from tba.types import is_flat
+
 
 def tb_loss(
     logp: torch.Tensor,
@@ -419,16 +421,25 @@ def rloo_loss(
 
 
 def online_dpo_loss(
-    logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, beta: float, group_size: int
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    reward: torch.Tensor,
+    beta: float,
+    group_size: int,
+    contrast: list[bool] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Online DPO (Guo et al. 2024): in each group the highest-reward completion is chosen and the
     lowest rejected (the first of each on ties); loss = −log σ(β·(Δ_chosen − Δ_rejected)) with
-    Δ = log π − log π_ref, averaged over groups whose rewards differ (others carry no preference)."""
+    Δ = log π − log π_ref, averaged over groups whose rewards differ (others carry no preference).
+    ``contrast``: per group, whether its rewards differ (:func:`tba.types.is_flat` on the rewards as
+    stored; from ``reward`` when None)."""
     _check_groups(logp.shape[0], group_size)
     r = reward.view(-1, group_size).to(logp.dtype)
+    if contrast is None:
+        contrast = [not is_flat(row) for row in reward.view(-1, group_size).tolist()]
     delta = (logp - ref_logp.to(logp.dtype)).view(-1, group_size)  # [B, K]
     chosen, rejected = r.argmax(dim=1, keepdim=True), r.argmin(dim=1, keepdim=True)
-    valid = (r.max(dim=1).values > r.min(dim=1).values).to(logp.dtype)  # [B]
+    valid = torch.tensor(contrast, dtype=logp.dtype, device=logp.device)  # [B]
     margin = beta * (delta.gather(1, chosen) - delta.gather(1, rejected)).squeeze(1)  # [B]
     losses = -torch.nn.functional.logsigmoid(margin) * valid
     n_valid = valid.sum()

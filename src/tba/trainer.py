@@ -48,7 +48,7 @@ from tba.objectives import (
     truncated_is_weights,
 )
 from tba.schedules import beta_at, lr_multiplier
-from tba.types import Batch, RolloutGroup
+from tba.types import Batch, RolloutGroup, is_flat
 from tba.weights import BackgroundPublisher, WeightStore, shares_memory
 
 
@@ -82,7 +82,7 @@ def group_metrics(batch: Batch) -> dict[str, float]:
     n = batch.num_groups
     groups = [batch.group(g) for g in range(n)]
     return {
-        "train/flat_groups": sum(len({r.reward for r in g}) == 1 for g in groups) / n,
+        "train/flat_groups": sum(batch.flat(g) for g in range(n)) / n,
         "train/mixed_groups": sum(len({r.policy_version for r in g}) > 1 for g in groups) / n,
         "train/unfinished": sum(not r.finished for r in batch.rollouts) / len(batch.rollouts),
     }
@@ -115,8 +115,7 @@ def loss_shares(batch: Batch, parts: list[list[int]], objective: str) -> list[fl
     sizes = [len(p) / n for p in parts]
     if objective != "online_dpo":
         return sizes
-    rewards = [[r.reward for r in batch.group(g)] for g in range(n)]
-    pairs = [sum(max(rewards[g]) > min(rewards[g]) for g in p) for p in parts]
+    pairs = [sum(not batch.flat(g) for g in p) for p in parts]
     total = sum(pairs)
     return [p / total for p in pairs] if total else sizes
 
@@ -553,7 +552,8 @@ class Trainer:
                 m.update(sampler_mismatch(token_logp.detach(), sampler, mask))
             return loss, m
         if o.type == "online_dpo":
-            return online_dpo_loss(logp, ref, reward, beta, k)
+            contrast = [not is_flat([r.reward for r in rollouts[i : i + k]]) for i in range(0, len(rollouts), k)]
+            return online_dpo_loss(logp, ref, reward, beta, k, contrast=contrast)
         if o.type == "rloo" and not o.needs_sampler_logps:
             return rloo_loss(logp, ref, reward, beta, k)
         sampler = self._sampler_token_logps(rollouts, mask)  # [G*K, T]

@@ -6,7 +6,20 @@ another machine can send them without sharing tensors or devices.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+# rewards closer than this (relative to the larger of 1 and the first's magnitude) are equal: a
+# reward model's scores that differ only in rounding carry no contrast
+FLAT_TOLERANCE = 1e-9
+
+
+def is_flat(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards are all equal (a *flat* group: no reward contrast to learn from).
+
+    The one definition: the buffer's contrast-first draw, the trainer's ``train/flat_groups``,
+    Online DPO's pairs and the ranks' loss shares all ask this."""
+    return max(rewards) - min(rewards) <= FLAT_TOLERANCE * max(1.0, abs(rewards[0]))
 
 
 @dataclass
@@ -92,6 +105,10 @@ class Batch:
         """The ``group_size`` rollouts of group ``g``."""
         k = self.group_size
         return self.rollouts[g * k : (g + 1) * k]
+
+    def flat(self, g: int) -> bool:
+        """Whether group ``g``'s rewards are all equal (:func:`is_flat`)."""
+        return is_flat([r.reward for r in self.group(g)])
 
 
 @dataclass
