@@ -1,4 +1,9 @@
-"""The layering rule of DESIGN.md: a module imports only from its own layer or below."""
+"""The package's layering rule: every module of ``tba`` has a layer (``LAYERS``: records, config and
+errors at 0; objectives, the buffer and reward plumbing at 1; models, generation, tasks and weights
+at 2; the searcher, trainer, evaluator and run plan at 3; the runtimes at 4; the command line at 5)
+and imports only from its own layer or below, with heavy dependencies no lower than ``THIRD_PARTY``
+says. So the objectives never reach for the runtime, and the layer-0 records stay picklable by any
+process. A new module must be given a layer here."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "errors": 0,
     "allocator": 0,
     "machine": 0,
+    "user_code": 0,
     "hardware": 1,
     "objectives": 1,
     "buffer": 1,

@@ -130,13 +130,6 @@ def read_trainer_state(checkpoint: Path) -> dict:
     return _decode(meta["state"], tensors)
 
 
-def load_trainer_state(checkpoint: Path) -> dict:
-    """:func:`read_trainer_state`, then restore the global random states (Python, numpy, torch)."""
-    state = read_trainer_state(checkpoint)
-    restore_global_rng(state["rng"])
-    return state
-
-
 def restore_global_rng(rng: dict) -> None:
     random.setstate(rng["python"])
     name, keys, pos, has_gauss, gauss = rng["numpy"]

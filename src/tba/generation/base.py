@@ -1,7 +1,8 @@
 """The generation interface that searchers and the evaluator are written against.
 
 A backend turns prompt token ids into completions; it can also take new policy weights. The HF
-``generate`` backend implements it here; a vLLM backend can implement the same two methods.
+``generate`` backend (:mod:`tba.generation.hf`) and the vLLM backend
+(:mod:`tba.generation.vllm_backend`) implement it.
 """
 
 from __future__ import annotations
