@@ -140,7 +140,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tba.generation.base import SamplingParams
-    from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream
+    from tba.generation.stream import HFContinuousStream, HFRefillStream, VLLMStream
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -168,10 +168,10 @@ def main() -> None:
         gen = HFGenerator(model, tokenizer.pad_token_id, eos)
         gen.version = 0
         ways = {
-            "batch": lambda: HFStream(gen, params, refill=a.slots),
+            "batch": lambda: HFRefillStream(gen, params, refill=a.slots),
             "stream": (lambda: HFContinuousStream(gen, params, a.slots, seed=a.seed))
             if a.hf_stream == "continuous"
-            else lambda: HFStream(gen, params, refill=a.refill),
+            else lambda: HFRefillStream(gen, params, refill=a.refill),
         }
     setup = {k: v for k, v in vars(a).items() if k != "out"} | {"mean_len": statistics.mean(todo)}
     print(json.dumps(setup), flush=True)

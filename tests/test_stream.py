@@ -11,7 +11,7 @@ import torch
 
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.generation.stream import HFContinuousStream, HFStream, hf_continuous_problem
+from tba.generation.stream import HFContinuousStream, HFRefillStream, hf_continuous_problem, open_stream
 
 
 def _prompts(tokenizer) -> list[list[int]]:
@@ -22,7 +22,7 @@ def test_hf_stream_generates_waiting_prompts_in_refill_batches_each_once(tiny_mo
     torch.manual_seed(0)
     gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
     gen.version = 4
-    stream = HFStream(gen, SamplingParams(n=3, temperature=1.0, max_new_tokens=8), refill=2)
+    stream = HFRefillStream(gen, SamplingParams(n=3, temperature=1.0, max_new_tokens=8), refill=2)
     for key, ids in enumerate(_prompts(tokenizer)):
         stream.submit(key, ids)
     assert stream.in_flight() == 5
@@ -42,7 +42,7 @@ def test_hf_stream_set_lengths_and_greedy_prefix(tiny_model, tokenizer):
     eos = tokenizer.eos_token_id
     gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {eos})
     prompts = _prompts(tokenizer)[:3]
-    stream = HFStream(gen, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, logprobs=True), refill=3)
+    stream = HFRefillStream(gen, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, logprobs=True), refill=3)
     for key, (ids, length) in enumerate(zip(prompts, (5, 2, 9), strict=True)):
         stream.submit(key, ids, length=length)
     finished = stream.advance()
@@ -57,7 +57,7 @@ def test_hf_stream_loads_weights_for_what_waits_and_abort_returns_the_keys(tiny_
     gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
     gen.version = 1
     greedy_like = SamplingParams(n=1, temperature=1e-4, max_new_tokens=6)  # a stream samples; this one as greedy
-    stream = HFStream(gen, greedy_like, refill=1)
+    stream = HFRefillStream(gen, greedy_like, refill=1)
     prompts = _prompts(tokenizer)
     for key, ids in enumerate(prompts[:3]):
         stream.submit(key, ids)
@@ -82,7 +82,7 @@ def test_hf_stream_loads_weights_for_what_waits_and_abort_returns_the_keys(tiny_
 def test_hf_stream_refuses_an_empty_refill(tiny_model, tokenizer):
     gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
     with pytest.raises(ValueError, match="refill"):
-        HFStream(gen, SamplingParams(), refill=0)
+        HFRefillStream(gen, SamplingParams(), refill=0)
 
 
 # ---------------------------------------------------------------- the streaming searcher
@@ -106,7 +106,7 @@ def _streaming_searcher(tiny_model, tokenizer, weights, in_flight=6, refill=2, m
         in_flight,
         eos,
         seed=0,
-        stream=HFStream(gen, params, refill=refill),
+        stream=HFRefillStream(gen, params, refill=refill),
         max_in_flight=in_flight,
         weight_update="in_flight",
         min_groups_out=min_out,
@@ -425,6 +425,21 @@ def test_hf_continuous_stream_says_what_it_cannot_serve(tiny_model, tokenizer):
     assert "min_new_tokens" in hf_continuous_problem(gen, SamplingParams(n=2, min_new_tokens=3))
     with pytest.raises(ValueError, match="log-probs"):
         HFContinuousStream(gen, SamplingParams(n=2, logprobs=True), max_in_flight=2)
+
+
+def test_open_stream_falls_back_to_refill_batches_and_reads_the_generators_version(tiny_model, tokenizer):
+    gen = HFGenerator(tiny_model, tokenizer.pad_token_id, {tokenizer.eos_token_id})
+    with pytest.warns(UserWarning, match=r"cannot serve this run \(the objective needs the sampler's token log-probs"):
+        stream = open_stream("hf_continuous", gen, SamplingParams(n=2, logprobs=True), max_in_flight=4, refill=3)
+    assert isinstance(stream, HFRefillStream) and stream.refill == 3
+    assert stream.version == -1  # built weights, nothing published loaded yet
+    state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    assert stream.load_weights(state, 7, "drain") == [] and stream.version == gen.version == 7
+    stream.close()  # nothing to stop besides its requests
+    refill = open_stream("hf_refill", gen, SamplingParams(n=2), max_in_flight=4, refill=2)
+    assert isinstance(refill, HFRefillStream) and refill.refill == 2
+    with pytest.raises(ValueError, match="no stream is called 'batch'"):
+        open_stream("batch", gen, SamplingParams(n=2), max_in_flight=4, refill=2)
 
 
 def test_streaming_searcher_on_continuous_batching_accounts_for_every_prompt(tiny_model, tokenizer):

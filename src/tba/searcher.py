@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tba.generation.base import Generator, SamplingParams
+from tba.generation.explore import ExploringGenerator
+from tba.generation.stream import Stream
 from tba.generation.turns import Conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.models.logprobs import sequence_logprobs
@@ -205,9 +207,9 @@ class Searcher:
         for i, outs in enumerate(outputs):
             for out in outs:
                 self.stats.completions += 1
-                mask = getattr(out, "action_mask", None)
+                mask = out.action_mask
                 self.stats.tokens += sum(mask) if mask is not None else len(out.token_ids)
-                if getattr(out, "failed", False):  # its environment raised: counted in environment_errors
+                if out.failed:  # its environment raised: counted in environment_errors
                     continue
                 if not any(t not in self.eos_ids for t in out.token_ids):
                     self.stats.empty += 1
@@ -217,7 +219,7 @@ class Searcher:
                     if self.unfinished_reward is not None:
                         kept[i].append((out.token_ids, self.unfinished_reward, False, out.token_logps, mask))
                         continue
-                elif getattr(out, "reward", None) is not None:  # the environment's own reward
+                elif out.reward is not None:  # the environment's own reward
                     kept[i].append((out.token_ids, out.reward, True, out.token_logps, mask))
                     continue
                 to_score.append((i, out))
@@ -239,7 +241,7 @@ class Searcher:
     def _add_rewards(kept, to_score, rewards) -> None:
         for (i, out), reward in zip(to_score, rewards, strict=True):
             if reward is not None:
-                mask = getattr(out, "action_mask", None)
+                mask = out.action_mask
                 kept[i].append((out.token_ids, reward, out.finished, out.token_logps, mask))
 
     def _drop_small(self, prompts, prompt_ids, kept):
@@ -354,9 +356,8 @@ class Searcher:
                 "reported": sorted(self.reward_stats.reported),
             },
         }
-        explore_rng = getattr(self.generator, "rng", None)  # an ExploringGenerator's draws
-        if isinstance(explore_rng, random.Random):
-            state["generator"] = {"rng": list(explore_rng.getstate()), "explored": self.generator.explored}
+        if isinstance(self.generator, ExploringGenerator):  # its draws
+            state["generator"] = {"rng": list(self.generator.rng.getstate()), "explored": self.generator.explored}
         if self.ref_epoch > 0:
             state["reference"] = self.reference.state_dict()
         return state
@@ -412,7 +413,7 @@ class StreamingSearcher(Searcher):
     def __init__(
         self,
         *args,
-        stream,
+        stream: Stream,
         max_in_flight: int,
         weight_update: str,
         min_groups_out: int = 1,
@@ -574,8 +575,7 @@ class StreamingSearcher(Searcher):
         """Stop the engine's requests and the threads; what was in flight stays counted in
         ``searcher/in_flight``."""
         self._aborted += len(self.stream.abort())
-        if hasattr(self.stream, "close"):
-            self.stream.close()
+        self.stream.close()
         self.pool.close()
         if self._ref_thread is not None:
             self._ref_thread.shutdown(wait=False, cancel_futures=True)

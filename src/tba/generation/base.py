@@ -28,12 +28,23 @@ class SamplingParams:
 
 @dataclass
 class Completion:
+    """What a backend generated for one sample; a multi-turn conversation
+    (:class:`tba.generation.turns.Trajectory`) fills the fields after ``token_logps`` too."""
+
     token_ids: list[int]  # up to and including the first EOS
     finished: bool  # ended with EOS (else cut at max_new_tokens)
     token_logps: list[float] | None = None  # with SamplingParams.logprobs: log π(token) at temperature 1
+    # per token, 1 where the policy wrote it and 0 where an environment added it; None: all the policy's
+    action_mask: list[int] | None = None
+    reward: float | None = None  # an environment's own reward; None: the task's reward functions score it
+    failed: bool = False  # its environment raised: not usable (dropped, counted)
 
 
 class Generator(Protocol):
+    version: int
+    """The trainer step of the weights it holds (-1 before the first :meth:`load_weights`): what its
+    completions are tagged with."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order."""
         ...

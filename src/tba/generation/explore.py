@@ -45,5 +45,9 @@ class ExploringGenerator:
     def load_weights(self, state_dict: dict, version: int) -> None:
         self.inner.load_weights(state_dict, version)
 
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # model, batch_size, ... of the wrapped backend

@@ -50,6 +50,7 @@ class HFGenerator:
         self.pad_id = pad_id
         self.eos_ids = eos_ids
         self.batch_size = batch_size  # sequences per generate call
+        self.version = -1  # the weights it was built with, until a published version loads
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:

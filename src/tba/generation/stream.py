@@ -22,10 +22,13 @@ tokens (:class:`Finished`), so lag can be counted from the oldest.
   a generation thread over a paged KV cache, requests added and finished one by one; on CPU it
   packs every sequence of a step into one row with a block-diagonal mask). Weights load with the
   engine paused between two of its steps (``in_flight``) or after it emptied (``drain``).
-- :class:`HFStream`: over plain ``generate``, the waiting prompts in refill batches of ``refill``
-  prompts: short batches drain sooner than one large batch, at the cost of fewer sequences per
-  forward pass. What the continuous engine cannot do falls back to it (see
-  :func:`hf_continuous_problem`).
+- :class:`HFRefillStream`: over plain ``generate``, the waiting prompts in refill batches of
+  ``refill`` prompts: short batches drain sooner than one large batch, at the cost of fewer
+  sequences per forward pass. It is the HF stream's fallback: what the continuous engine cannot do
+  (:func:`hf_continuous_problem`) runs here.
+
+All three are streams (:class:`Stream`), and :func:`open_stream` builds the one the run plan names
+(``plan.stream``), falling back from continuous to refill batches with a warning that says why.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ import dataclasses
 import itertools
 import math
 import time
+import warnings
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from tba.generation.base import Completion, SamplingParams
+from tba.generation.base import Completion, Generator, SamplingParams
 from tba.models.logprobs import truncate_at_eos
 
 WeightUpdate = Literal["drain", "in_flight"]
@@ -55,7 +60,71 @@ class Finished:
     newest_version: int  # and the newest
 
 
-class VLLMStream:
+class Stream(ABC):
+    """What a streaming searcher drives: prompts in, finished groups out, weights between two advances.
+
+    ``generator`` is the backend whose weights the stream generates with; its ``version`` (the
+    trainer step of those weights, -1 before the first load) is the stream's."""
+
+    generator: Generator
+
+    @property
+    def version(self) -> int:
+        return self.generator.version
+
+    @abstractmethod
+    def in_flight(self) -> int:
+        """Prompts submitted whose group has not come out yet."""
+
+    @abstractmethod
+    def submit(self, key, prompt_ids: list[int], length: int | None = None) -> None:
+        """Start generating ``prompt_ids``'s K completions, to come out as one :class:`Finished` with
+        ``key``; ``length``: exactly that many tokens each (every end id held back: for benchmarks
+        and tests of lengths set in advance)."""
+
+    @abstractmethod
+    def advance(self) -> list[Finished]:
+        """Run the engine a little; the groups that finished meanwhile."""
+
+    @abstractmethod
+    def load_weights(self, state_dict, version: int, mode: WeightUpdate) -> list[Finished]:
+        """Load new weights (``drain``: after the prompts in flight finished with the old ones;
+        ``in_flight``: with them still going); the groups that finished on the way."""
+
+    @abstractmethod
+    def abort(self) -> list[object]:
+        """Stop every prompt in flight; the keys they were submitted with."""
+
+    def close(self) -> None:  # noqa: B027 - most streams run nothing besides their requests
+        """Stop what the stream runs besides its requests (an engine thread); after :meth:`abort`."""
+
+
+def open_stream(
+    kind: str,
+    generator,
+    params: SamplingParams,
+    max_in_flight: int,
+    refill: int,
+    seed: int = 0,
+    loader=None,
+) -> Stream:
+    """The stream ``kind`` names (the run plan's ``stream``: ``vllm``, ``hf_continuous`` or
+    ``hf_refill``). ``hf_continuous`` falls back to refill batches of ``refill`` prompts, with a
+    warning, where transformers' continuous batching cannot serve ``params`` or ``generator``.
+    ``loader``: what loads weights into a vLLM engine, if not ``generator`` itself (a LoRA policy)."""
+    if kind == "vllm":
+        return VLLMStream(generator, params, loader=loader)
+    if kind == "hf_continuous":
+        why = hf_continuous_problem(generator, params)
+        if why is None:
+            return HFContinuousStream(generator, params, max_in_flight, seed=seed)
+        warnings.warn(f"generation.hf_stream=continuous cannot serve this run ({why}); refilling instead", stacklevel=2)
+    elif kind != "hf_refill":
+        raise ValueError(f"no stream is called {kind!r}: vllm, hf_continuous or hf_refill")
+    return HFRefillStream(generator, params, refill=refill)
+
+
+class VLLMStream(Stream):
     """Continuous generation on a :class:`~tba.generation.vllm_backend.VLLMGenerator`'s engine."""
 
     def __init__(self, generator, params: SamplingParams, loader=None):
@@ -73,12 +142,9 @@ class VLLMStream:
         self.engine.set_weight_version(str(generator.version))
 
     def in_flight(self) -> int:
-        """Prompts submitted whose group has not come out yet."""
         return len(self._requests)
 
     def submit(self, key, prompt_ids: list[int], length: int | None = None) -> None:
-        """Start generating ``prompt_ids``'s K completions; ``length``: exactly that many tokens each
-        (every end id held back: for benchmarks and tests of lengths set in advance)."""
         request_id = f"stream-{next(self._ids)}"
         prompt = self.generator.vllm.inputs.TokensPrompt(
             prompt_token_ids=list(prompt_ids), cache_salt=f"v{self.generator.version}"
@@ -119,7 +185,6 @@ class VLLMStream:
         return done
 
     def abort(self) -> list[object]:
-        """Stop every request in flight; the keys they were submitted with."""
         keys = [key for key, _ in self._requests.values()]
         if self._requests:
             self.engine.abort_request(list(self._requests))
@@ -147,7 +212,7 @@ def hf_continuous_problem(generator, params: SamplingParams) -> str | None:
     return None
 
 
-class HFContinuousStream:
+class HFContinuousStream(Stream):
     """Continuous generation on transformers' continuous batching engine (a thread of its own)."""
 
     def __init__(self, generator, params: SamplingParams, max_in_flight: int, seed: int = 0, page_size: int = 16):
@@ -184,10 +249,6 @@ class HFContinuousStream:
         self._ids = itertools.count()
         # request id -> [key, version at submission, {sample's request id: output}, set length]
         self._requests: dict[str, list] = {}
-
-    @property
-    def version(self) -> int:
-        return getattr(self.generator, "version", -1)
 
     def in_flight(self) -> int:
         return len(self._requests)
@@ -258,7 +319,7 @@ class HFContinuousStream:
         self.manager.stop(block=True, timeout=30, hard_stop=True)
 
 
-class HFStream:
+class HFRefillStream(Stream):
     """A stream over Hugging Face ``generate``: the waiting prompts in batches of ``refill``."""
 
     def __init__(self, generator, params: SamplingParams, refill: int):
@@ -269,16 +330,11 @@ class HFStream:
         self.refill = refill
         self._waiting: deque[tuple[object, list[int], int | None]] = deque()
 
-    @property
-    def version(self) -> int:
-        return getattr(self.generator, "version", -1)
-
     def in_flight(self) -> int:
         return len(self._waiting)
 
     def submit(self, key, prompt_ids: list[int], length: int | None = None) -> None:
-        """Queue ``prompt_ids``; ``length``: exactly that many tokens per completion (as
-        :meth:`VLLMStream.submit`)."""
+        """Queue ``prompt_ids`` for the next refill batch."""
         self._waiting.append((key, list(prompt_ids), length))
 
     def advance(self) -> list[Finished]:

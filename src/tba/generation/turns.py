@@ -33,14 +33,13 @@ COUNTS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "environment_er
 
 @dataclass
 class Trajectory(Completion):
-    """A completion that is a whole conversation after the prompt."""
+    """A completion that is a whole conversation after the prompt: ``action_mask`` set (the
+    environment's tokens are 0), ``reward`` the environment's last one (None: the task's reward
+    functions score ``text``), ``failed`` where the environment raised."""
 
-    action_mask: list[int] = field(default_factory=list)  # 1: a token the model generated; 0: the environment's
-    reward: float | None = None  # the environment's last reward; None: the task's reward functions score ``text``
     text: str = ""  # the model's last reply (what the task's reward functions score)
     turns: int = 0  # replies of the model
     messages: list[dict] = field(default_factory=list)  # the whole conversation, opening included
-    failed: bool = False  # the environment raised: not a usable trajectory (dropped, counted)
 
 
 @dataclass

@@ -4,7 +4,6 @@ build through here, so the sync and ray runtimes train the same thing."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
-from tba.generation.stream import HFContinuousStream, HFStream, VLLMStream, hf_continuous_problem
+from tba.generation.stream import open_stream
 from tba.generation.turns import make_conversations
 from tba.generation.vllm_backend import AdapterLoraGenerator, LoraEngine, MergedLoraGenerator, VLLMGenerator
 from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer
@@ -166,16 +165,16 @@ def make_searcher(
         exact = plan.runtime == "sync"  # each step: its batch's prompts, all of them to the end
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
-        if plan.stream == "vllm":
-            engine = generator.engine if isinstance(generator, LoraEngine) else generator
-            stream = VLLMStream(engine, params, loader=generator)
-        elif plan.stream == "hf_continuous" and (why := hf_continuous_problem(generator, params)) is None:
-            stream = HFContinuousStream(generator, params, in_flight, seed=cfg.run.seed * 1000 + searcher_id)
-        else:
-            if plan.stream == "hf_continuous":
-                msg = f"generation.hf_stream=continuous cannot serve this run ({why}); refilling instead"
-                warnings.warn(msg, stacklevel=2)
-            stream = HFStream(generator, params, refill=g.refill or (in_flight if exact else quarter))
+        engine = generator.engine if isinstance(generator, LoraEngine) else generator
+        stream = open_stream(
+            plan.stream,
+            engine if plan.stream == "vllm" else generator,
+            params,
+            in_flight,
+            refill=g.refill or (in_flight if exact else quarter),
+            seed=cfg.run.seed * 1000 + searcher_id,
+            loader=generator,
+        )
         kind = StreamingSearcher
         streaming = {
             "stream": stream,
