@@ -55,16 +55,18 @@ import torch
 import transformers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import tba.trainer
+import tba.models.packing
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.machine import describe_machine, machine_line
-from tba.models.logprobs import full_logits_token_logprobs
 from tba.models.precision import PeakMemory, Precision, cpu_peak_rss_bytes, cpu_rss_bytes
 from tba.runtime.policy import enable_gradient_checkpointing
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the direct log-probs live with the tests
+from tests.direct_logprobs import full_logits_token_logprobs  # noqa: E402
 
 VARIANTS = {  # name: (old log-probs, checkpointing, token budget, precision)
     "old": (True, False, False, "fp32"),
@@ -171,8 +173,8 @@ def make_trainer(model: torch.nn.Module, variant: str, budget: int, k: int, devi
 def measure(vocab: int, length: int, variant: str, a: argparse.Namespace) -> dict:
     """One row: this process's warm-up step, then the timed steps."""
     torch.set_num_threads(a.threads)
-    if VARIANTS[variant][0]:  # the trainer looks the name up at each micro-batch
-        tba.trainer.token_logprobs = full_logits_token_logprobs
+    if VARIANTS[variant][0]:  # a padded pass (tba.models.packing.Passes) looks the name up each time
+        tba.models.packing.token_logprobs = full_logits_token_logprobs
     device = torch.device(a.device)
     model = build_model(vocab, a.prompt_len + length + 1, a.hidden, a.layers).to(device)
     budget = token_budget(a.prompt_len, length, a.groups, a.group_size)

@@ -147,8 +147,8 @@ def measure(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
         {tokenizer.eos_token_id},
         precision=Precision("fp32", device.type),
     )
-    if trainer.packed != (mode == "packed"):
-        raise RuntimeError(f"{mode}: the trainer chose {'packed' if trainer.packed else 'padded'} passes")
+    if trainer.passes.packed != (mode == "packed"):
+        raise RuntimeError(f"{mode}: the trainer chose {'packed' if trainer.passes.packed else 'padded'} passes")
     batch = make_batch(data, tokenizer, a.groups, a.group_size)
     tokens = sum(len(batch.prompt_ids[g]) + len(r.completion) for g in range(batch.num_groups) for r in batch.group(g))
     first = trainer.step(batch)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.direct_logprobs import full_logits_token_logprobs
 from tests.numerics import assert_reordered_close, bf16_operand_terms
 from tests.test_lean_training import random_sequences, uneven_batch
 from tests.test_pipeline import make_trainer, synthetic_groups
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tba.buffer import ReplayBuffer
-from tba.models.logprobs import full_logits_token_logprobs, token_logprobs
+from tba.models.logprobs import token_logprobs
 from tba.models.precision import PeakMemory, Precision, resolve_precision
 from tba.runtime.policy import enable_gradient_checkpointing
 from tba.weights import LocalWeightStore

@@ -7,13 +7,14 @@ import random
 
 import pytest
 import torch
+from tests.direct_logprobs import full_logits_token_logprobs
 from tests.numerics import assert_reordered_close, batch_tokens, model_terms, padded_positions
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, ObjectiveConfig, TrainerConfig
 from tba.models import logprobs
-from tba.models.logprobs import accepts_logits_to_keep, full_logits_token_logprobs, token_logprobs
+from tba.models.logprobs import accepts_logits_to_keep, token_logprobs
 from tba.models.lora import ReferenceView, add_adapter
 from tba.runtime.policy import enable_gradient_checkpointing
 from tba.trainer import Trainer, plan_micro_batches

@@ -14,8 +14,8 @@ from tests.numerics import assert_reordered_close, model_terms, padded_positions
 from tba.checkpoint import latest_checkpoint, save_checkpoint
 from tba.config import ConfigError, load_config
 from tba.models.loading import encode_prompts, load_causal_lm, load_tokenizer
-from tba.models.logprobs import sequence_logprobs
 from tba.models.lora import add_adapter, check_lora_config, is_lora
+from tba.models.packing import Passes
 from tba.runtime.async_loop import run_ray
 from tba.runtime.build import build_components
 from tba.runtime.run_dir import resume
@@ -38,7 +38,7 @@ def lora_config(demo_cache, tmp_path, *extra):
 
 @torch.no_grad()
 def logps(model, prompts, completions, tokenizer, eos) -> torch.Tensor:
-    return sequence_logprobs(model, prompts, completions, tokenizer.pad_token_id, eos)
+    return Passes().sequence_logprobs(model, prompts, completions, tokenizer.pad_token_id, eos)
 
 
 def frozen_weights(model) -> dict[str, torch.Tensor]:

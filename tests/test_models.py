@@ -10,7 +10,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.models.loading import encode_prompts, eos_ids, generation_config_of, load_causal_lm, load_tokenizer
-from tba.models.logprobs import pack, plan_micro_batches, sequence_logprobs, token_logprobs, truncate_at_eos
+from tba.models.logprobs import pack, plan_micro_batches, token_logprobs, truncate_at_eos
+from tba.models.packing import Passes
 
 
 def naive_logprob(model, prompt: list[int], completion: list[int], eos: int) -> float:
@@ -50,7 +51,7 @@ def test_sequence_logprobs_match_naive_loop(tiny_model, tokenizer, pad_is_eos):
     eos = tokenizer.eos_token_id
     pad = eos if pad_is_eos else tokenizer.pad_token_id
     with torch.no_grad():
-        batched = sequence_logprobs(tiny_model, prompts, completions, pad, eos).double()
+        batched = Passes().sequence_logprobs(tiny_model, prompts, completions, pad, eos).double()
     expected = torch.tensor(
         [naive_logprob(tiny_model, p, c, eos) for p, c in zip(prompts, completions, strict=True)], dtype=torch.float64
     )
@@ -66,7 +67,7 @@ def test_token_logprobs_mask_and_micro_batches(tiny_model, tokenizer):
     eos = tokenizer.eos_token_id
     with torch.no_grad():
         logp, mask = token_logprobs(tiny_model, prompts, completions, eos, eos)
-        split = sequence_logprobs(tiny_model, prompts, completions, eos, eos, micro_batch=3)
+        split = Passes().sequence_logprobs(tiny_model, prompts, completions, eos, eos, micro_batch=3)
     assert mask.sum(-1).tolist() == [3.0, 4.0, 1.0, 1.0]  # lengths up to and including the first EOS
     assert (logp[mask == 0] == 0).all() and (logp[mask == 1] < 0).all()
     terms = model_terms(tiny_model.config, padded_positions(prompts, completions))
@@ -83,14 +84,14 @@ def test_a_token_budget_cuts_the_passes_shortest_first_and_keeps_the_order(tiny_
     assert [sum(sizes[i]) for c in chunks for i in c] == sorted(map(sum, sizes))  # like lengths share a pass
     eos = tokenizer.eos_token_id
     with torch.no_grad():
-        whole = sequence_logprobs(tiny_model, prompts, completions, eos, eos)
-        cut = sequence_logprobs(tiny_model, prompts, completions, eos, eos, max_tokens=budget)
+        whole = Passes().sequence_logprobs(tiny_model, prompts, completions, eos, eos)
+        cut = Passes().sequence_logprobs(tiny_model, prompts, completions, eos, eos, max_tokens=budget)
     assert_reordered_close(cut, whole, terms=model_terms(tiny_model.config, padded_positions(prompts, completions)))
 
 
 def test_sequence_logprobs_are_differentiable(tiny_model, tokenizer):
     prompts, completions = _cases(tokenizer)
-    out = sequence_logprobs(tiny_model, prompts, completions, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    out = Passes().sequence_logprobs(tiny_model, prompts, completions, tokenizer.pad_token_id, tokenizer.eos_token_id)
     out.sum().backward()
     grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)

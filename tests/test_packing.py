@@ -11,7 +11,7 @@ import torch
 from tests.numerics import assert_reordered_close, batch_tokens, model_terms
 
 from tba.models.logprobs import token_logprobs
-from tba.models.packing import packed_token_logprobs, packing_problem, plan_rows, worth_packing
+from tba.models.packing import Passes, packed_token_logprobs, packing_problem, plan_rows, worth_packing
 
 
 def test_plan_rows_keeps_sequences_whole_in_balanced_rows():
@@ -134,7 +134,7 @@ def test_a_trainer_whose_model_cannot_pack_pads_with_one_warning(tiny_model, tok
             {tokenizer.eos_token_id},
         )
     assert len([w for w in caught if "packed" in str(w.message)]) == 1
-    assert not trainer.packed
+    assert not trainer.passes.packed
     metrics = trainer.step(batch)
     assert math.isfinite(metrics["train/loss"]) and metrics["train/padding_fraction"] > 0.2
 
@@ -176,7 +176,7 @@ def test_packed_micro_batches_hold_more_groups_in_the_same_budget(tiny_model, to
         _, m_padded = step_gradients(tiny_model, tokenizer, batch, "tb", micro_batch_tokens=200, packing=False)
     # the budget bounds the positions a pass computes in both modes; packed passes waste fewer of
     # them, so the groups of 12-107 real tokens take 2 passes instead of 3 (and the big one its own)
-    plan = plan_groups(batch, TrainerConfig(micro_batch_tokens=200), packed=True, width="longest")
+    plan = plan_groups(batch, TrainerConfig(micro_batch_tokens=200), Passes(True, "longest"))
     lengths = [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in range(6)]
     cost = pass_cost(lengths, "longest")
     assert all(cost(mb) <= 200 for mb in plan if len(mb) > 1)
@@ -186,16 +186,14 @@ def test_packed_micro_batches_hold_more_groups_in_the_same_budget(tiny_model, to
 
 
 def test_the_reference_pass_packs_and_gives_the_padded_log_probs(tiny_model, tokenizer):
-    from tba.models.logprobs import sequence_logprobs
-    from tba.models.packing import packed_sequence_logprobs
 
     prompts, completions = _batch(tokenizer, n=10, seed=4)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     lens = [len(p) for p in prompts], [len(c) for c in completions]
     assert worth_packing(*lens, "longest") and not worth_packing([4, 4], [6, 6], "longest")  # alike: padded
     with torch.no_grad():
-        padded = sequence_logprobs(tiny_model, prompts, completions, pad, eos)
-        packed = packed_sequence_logprobs(tiny_model, prompts, completions, pad, eos, width="longest")
+        padded = Passes().sequence_logprobs(tiny_model, prompts, completions, pad, eos)
+        packed = Passes(True, "longest").sequence_logprobs(tiny_model, prompts, completions, pad, eos)
     tokens = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
     assert_reordered_close(packed, padded, terms=model_terms(tiny_model.config, tokens) + tokens)
 
@@ -222,7 +220,7 @@ def test_a_searcher_packs_its_reference_pass(tiny_model, tokenizer):
     groups = {}
     for packing in (False, True):
         s = searcher(packing, tiny_model)
-        assert s.ref_packed is packing
+        assert s.ref_passes.packed is packing
         groups[packing] = s._with_ref_logps(task_prompts, prompts, kept)
         assert s.metrics()["searcher/reference_tokens_per_s"] > 0
     tokens = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
@@ -231,7 +229,7 @@ def test_a_searcher_packs_its_reference_pass(tiny_model, tokenizer):
             torch.tensor(a.ref_logps), torch.tensor(b.ref_logps), terms=model_terms(tiny_model.config, tokens) + tokens
         )
     with pytest.warns(UserWarning, match="reference cannot take packed sequences"):
-        assert not searcher(True, _DropsPositions(tiny_model)).ref_packed
+        assert not searcher(True, _DropsPositions(tiny_model)).ref_passes.packed
 
 
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")  # the tiny model ties its head

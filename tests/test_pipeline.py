@@ -12,7 +12,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.models.logprobs import sequence_logprobs
+from tba.models.packing import Passes
 from tba.searcher import Searcher
 from tba.tasks import build_task
 from tba.tasks.arithmetic import ArithmeticTask
@@ -108,7 +108,9 @@ def test_searcher_produces_tagged_scored_groups(tiny_model, tokenizer):
             text = tokenizer.decode([t for t in tokens if t != eos], skip_special_tokens=True)
             a_op_b = g.prompt_id[:-1]
             assert reward == (1.0 if text.strip() == str(eval(a_op_b)) else 0.0)  # noqa: S307
-        expected = sequence_logprobs(tiny_model, [g.prompt_ids] * g.size, g.completions, tokenizer.pad_token_id, eos)
+        expected = Passes().sequence_logprobs(
+            tiny_model, [g.prompt_ids] * g.size, g.completions, tokenizer.pad_token_id, eos
+        )
         terms = model_terms(tiny_model.config, padded_positions([g.prompt_ids] * g.size, g.completions))
         assert_reordered_close(torch.tensor(g.ref_logps), expected.detach(), terms=terms)
     # new weights are picked up between batches, and the data says so
@@ -321,7 +323,8 @@ def test_every_objective_trains_from_searcher_data(tokenizer, objective):
             # the largest sequence log-prob (ratios of tokens or of whole sequences)
             with torch.no_grad():
                 scale = max(
-                    sequence_logprobs(policy, [g.prompt_ids] * g.size, g.completions, tokenizer.pad_token_id, eos)
+                    Passes()
+                    .sequence_logprobs(policy, [g.prompt_ids] * g.size, g.completions, tokenizer.pad_token_id, eos)
                     .abs()
                     .max()
                     .item()
@@ -436,6 +439,6 @@ def test_the_searchers_reference_pass_is_cut_as_the_trainers_passes_are(tiny_che
     pad = c.tokenizer.pad_token_id
     for g in groups:  # the values one pass over the group gives
         prompts = [g.prompt_ids] * g.size
-        whole = sequence_logprobs(s.reference, prompts, g.completions, pad, c.eos_ids)
+        whole = Passes().sequence_logprobs(s.reference, prompts, g.completions, pad, c.eos_ids)
         terms = model_terms(s.reference.config, padded_positions(prompts, g.completions))
         assert_reordered_close(torch.tensor(g.ref_logps), whole, terms=terms)

@@ -25,6 +25,7 @@ from tba.buffer import ReplayBuffer
 from tba.checkpoint import latest_checkpoint, read_trainer_state
 from tba.config import TrainerConfig, load_config
 from tba.metrics import read_metrics
+from tba.models.packing import Passes
 from tba.runtime.ranks import combine_metrics, split_groups, sub_batch
 from tba.trainer import loss_shares, rank_passes
 from tba.types import Batch, Rollout
@@ -61,8 +62,8 @@ def test_every_rank_runs_as_many_passes_as_the_rank_with_the_most():
     # each pass over sharded weights is a collective: a rank with fewer would leave the others waiting
     batch = _batch([[0, 1]] * 5)
     cfg = TrainerConfig(batch_prompts=5, micro_batch_prompts=1)
-    assert rank_passes(batch, [[0, 1, 2], [3, 4]], cfg) == 3
-    assert rank_passes(batch, [[0, 1, 2], [3, 4]], TrainerConfig(batch_prompts=5)) == 1
+    assert rank_passes(batch, [[0, 1, 2], [3, 4]], cfg, Passes()) == 3
+    assert rank_passes(batch, [[0, 1, 2], [3, 4]], TrainerConfig(batch_prompts=5), Passes()) == 1
 
 
 def test_an_empty_pass_adds_nothing_to_the_gradients(tiny_model, tokenizer):
@@ -185,7 +186,7 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
             assert_reordered_close(m2[0][key], m1[0][key], terms=tokens)
         assert m2[0]["train/micro_batches"] >= 2 and m2[0]["train/rank_peak_memory_gb"] > 0
         # both packed (trainer.packing's default): the ranks' rows hold their own groups' sequences
-        assert one.trainer.packed and two.trainer.ranks.packed and m2[0]["train/padding_fraction"] < 0.5
+        assert one.trainer.passes.packed and two.trainer.ranks.passes.packed and m2[0]["train/padding_fraction"] < 0.5
         # the optimizer's moments, gathered by parameter name: after one step (1 − β₁)·g and
         # (1 − β₂)·g², so the gradients themselves, and their squares (twice the relative error)
         s1, s2 = one.trainer.state_dict(), two.trainer.state_dict()

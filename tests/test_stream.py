@@ -315,7 +315,7 @@ def test_streaming_searcher_gives_up_a_hanging_reward_and_goes_on(tiny_model, to
 def test_streaming_searcher_reference_thread_computes_the_same_log_probs(tiny_model, tokenizer):
     from tests.numerics import assert_reordered_close, model_terms
 
-    from tba.models.logprobs import sequence_logprobs
+    from tba.models.packing import Passes
     from tba.weights import LocalWeightStore
 
     torch.manual_seed(0)
@@ -325,7 +325,7 @@ def test_streaming_searcher_reference_thread_computes_the_same_log_probs(tiny_mo
     groups = [g for _ in range(4) for g in searcher.step()]
     assert groups and searcher._ref_thread is not None
     for g in groups:
-        expected = sequence_logprobs(
+        expected = Passes().sequence_logprobs(
             tiny_model, [g.prompt_ids] * len(g.completions), g.completions, tokenizer.pad_token_id,
             {tokenizer.eos_token_id},
         )  # fmt: skip

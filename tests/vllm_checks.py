@@ -134,8 +134,8 @@ def lora(path: str) -> dict:
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator
     from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
-    from tba.models.logprobs import sequence_logprobs
     from tba.models.lora import add_adapter, published_state
+    from tba.models.packing import Passes
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = {tokenizer.eos_token_id}
@@ -152,7 +152,7 @@ def lora(path: str) -> dict:
     targets = [tokenizer("777")["input_ids"][-3:] + [tokenizer.eos_token_id]] * len(prompts)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
     for _ in range(30):
-        loss = -sequence_logprobs(policy, prompts, targets, tokenizer.pad_token_id, eos).mean()
+        loss = -Passes().sequence_logprobs(policy, prompts, targets, tokenizer.pad_token_id, eos).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

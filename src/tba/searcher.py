@@ -30,8 +30,7 @@ from tba.generation.explore import ExploringGenerator
 from tba.generation.stream import Stream
 from tba.generation.turns import Conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
-from tba.models.logprobs import sequence_logprobs
-from tba.models.packing import choose_packing, packed_sequence_logprobs
+from tba.models.packing import Passes, choose_packing
 from tba.rewards import RewardStats
 from tba.scoring import ScoringPool
 from tba.tasks.base import Prompt, Task
@@ -93,9 +92,9 @@ class Searcher:
         self.unfinished_reward = unfinished_reward
         self.ref_micro_batch = ref_micro_batch  # sequences per reference forward pass
         self.ref_max_tokens = ref_max_tokens  # positions a reference forward pass computes, padding included
-        self.ref_packed, self.ref_row_width = False, None
+        self.ref_passes = Passes()  # padded
         if ref_packing:  # once: TBA′ moves the reference's weights, never its architecture
-            self.ref_packed, self.ref_row_width = choose_packing(
+            self.ref_passes = choose_packing(
                 reference, ref_row_tokens, "trainer.reference_packing", "the reference", "its passes pad instead"
             )
         self.ref_tokens = 0  # tokens through the reference passes so far
@@ -275,10 +274,7 @@ class Searcher:
                 "max_tokens": self.ref_max_tokens,
                 "action_masks": masks if multi_turn else None,
             }
-            if self.ref_packed:
-                ref = packed_sequence_logprobs(*args, **limits, width=self.ref_row_width).tolist()
-            else:
-                ref = sequence_logprobs(*args, **limits).tolist()
+            ref = self.ref_passes.sequence_logprobs(*args, **limits).tolist()
             self.ref_s += time.perf_counter() - start
             self.ref_tokens += sum(len(p) + len(c) for p, c in zip(flat_prompts, flat_completions, strict=True))
         groups, i = [], 0

@@ -31,9 +31,9 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import plan_micro_batches, token_logprobs, truncate_at_eos, unwrap
+from tba.models.logprobs import plan_micro_batches, truncate_at_eos, unwrap
 from tba.models.lora import load_policy_state, policy_state, published_state
-from tba.models.packing import choose_packing, forward_positions, packed_token_logprobs, pass_cost, worth_packing
+from tba.models.packing import Passes, choose_packing
 from tba.models.precision import Precision, cast_floats
 from tba.objectives import (
     dr_grpo_loss,
@@ -131,31 +131,31 @@ def sequence_lengths(batch: Batch, groups: list[int]) -> list[list[tuple[int, in
     return [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in groups]
 
 
-def plan_groups(batch: Batch, cfg, packed: bool, groups: list[int] | None = None, width=None) -> list[list[int]]:
+def plan_groups(batch: Batch, cfg, passes: Passes, groups: list[int] | None = None) -> list[list[int]]:
     """The micro-batches of ``groups`` of ``batch`` (default all; as positions in ``groups``) under
     ``cfg``'s limits: the token budget bounds the positions each pass computes, padded, or packed
-    in rows of ``width`` where that pays (:func:`tba.models.packing.pass_cost`)."""
+    where ``passes`` packs (:meth:`tba.models.packing.Passes.cost`)."""
     groups = list(range(batch.num_groups)) if groups is None else groups
     sizes = group_lengths(batch)
-    cost = pass_cost(sequence_lengths(batch, groups), width) if packed else None
+    cost = passes.cost(sequence_lengths(batch, groups))
     return plan_micro_batches(
         [sizes[g] for g in groups], batch.group_size, cfg.micro_batch_prompts, cfg.micro_batch_tokens, cost=cost
     )
 
 
-def rank_passes(batch: Batch, parts: list[list[int]], cfg, packed: bool = False, width=None) -> int:
+def rank_passes(batch: Batch, parts: list[list[int]], cfg, passes: Passes) -> int:
     """The most forward and backward passes a rank runs when the ranks take ``parts`` of ``batch``
     (group indices each) under ``cfg``'s micro-batch limits. Every pass over sharded weights is a
     collective (FSDP2 gathers each layer's weights, reduces its gradients): a rank with fewer passes
     runs empty ones up to this count, else the others wait for it until the group times out."""
-    return max(len(plan_groups(batch, cfg, packed, part, width)) for part in parts)
+    return max(len(plan_groups(batch, cfg, passes, part)) for part in parts)
 
 
-def packing_choice(model: torch.nn.Module, cfg) -> tuple[bool, int | str | None]:
-    """Whether the trainer packs ``model``'s sequences (``cfg.packing`` and a model that can be
-    packed: else one warning, and padding) and the width of its rows (None: one row a pass)."""
+def packing_choice(model: torch.nn.Module, cfg) -> Passes:
+    """How the trainer's passes over ``model`` run: packed with ``cfg.packing`` and a model that can
+    be packed (else one warning, and padding), in rows of ``cfg.packing_row_tokens``."""
     if not cfg.packing:
-        return False, None
+        return Passes()
     name = type(unwrap(model)).__name__
     return choose_packing(
         model, cfg.packing_row_tokens, "trainer.packing", name, "the trainer pads its batches instead"
@@ -226,7 +226,7 @@ class Trainer:
         self._marked_version = -1
         self.ranks = ranks
         self._synced = -1  # the version whose weights ``model`` holds, with ranks
-        self.packed, self.row_width = packing_choice(model, cfg)
+        self.passes = packing_choice(model, cfg)
         if ranks is not None:  # the ranks hold the optimizer; ``model`` is this process's copy
             self.optimizer = self.scheduler = None
             return
@@ -430,12 +430,11 @@ class Trainer:
         self, batch: Batch, beta: float, scale: float = 1.0, passes: int | None = None
     ) -> dict[str, float]:
         k, n = self.group_size, batch.num_groups
-        plan = plan_groups(batch, self.cfg, self.packed, width=self.row_width)
+        plan = plan_groups(batch, self.cfg, self.passes)
         for _ in range(len(plan), passes or 0):  # the gathers and reductions the other ranks wait for
             self._empty_pass(batch)
-        if self.packed:  # what each group's pass alone would compute
-            cost = pass_cost(sequence_lengths(batch, list(range(n))), self.row_width)
-            self._count_oversize([cost([g]) for g in range(n)])
+        if (cost := self.passes.cost(sequence_lengths(batch, list(range(n))))) is not None:
+            self._count_oversize([cost([g]) for g in range(n)])  # what each group's pass alone would compute
         else:
             self._count_oversize([k * (p + c) for p, c in group_lengths(batch)])
         weights = loss_shares(batch, plan, self.objective.type)
@@ -444,12 +443,10 @@ class Trainer:
             rollouts = [r for g in groups for r in batch.group(g)]
             prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
             completions = [self._completion(r) for r in rollouts]
-            lens = [len(p) for p in prompts], [len(c) for c in completions]
-            packed = self.packed and worth_packing(*lens, self.row_width)
-            with self.precision.autocast():
-                token_logp, mask = self._token_logprobs(prompts, completions, packed)  # [G*K, T] each, fp32
+            with self.precision.autocast():  # [G*K, T] each, fp32
+                token_logp, mask = self.passes.token_logprobs(self.model, prompts, completions, self.pad_id)
             token_logp, mask = self._policy_tokens(rollouts, token_logp, mask)
-            positions, real = forward_positions(*lens, packed, self.row_width)
+            positions, real = self.passes.positions([len(p) for p in prompts], [len(c) for c in completions])
             totals["train/tokens"] += real
             totals["train/positions"] += positions
             logp = token_logp.sum(-1)  # [G*K]
@@ -479,7 +476,9 @@ class Trainer:
         reductions, which is all a rank with fewer micro-batches than another must do."""
         rollout = batch.group(0)[0]
         with self.precision.autocast():
-            token_logp, _ = self._token_logprobs([batch.prompt_ids[0]], [self._completion(rollout)], self.packed)
+            token_logp, _ = self.passes.token_logprobs(
+                self.model, [batch.prompt_ids[0]], [self._completion(rollout)], self.pad_id
+            )
         (token_logp.sum() * 0.0).backward()
 
     def _completion(self, rollout) -> list[int]:
@@ -488,14 +487,6 @@ class Trainer:
         if rollout.action_mask is not None:
             return list(rollout.completion)
         return truncate_at_eos(list(rollout.completion), self.eos_ids)
-
-    def _token_logprobs(self, prompts, completions, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token log-probs ``[N, C]`` of ``completions`` (already cut, see :meth:`_completion`)
-        under the policy and their mask: from packed rows, or a padded batch."""
-        if packed:
-            width, pad = self.row_width, self.pad_id
-            return packed_token_logprobs(self.model, prompts, completions, None, width=width, pad_id=pad)
-        return token_logprobs(self.model, prompts, completions, self.pad_id, None)
 
     @staticmethod
     def _policy_tokens(rollouts, token_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,6 @@ import functools
 import inspect
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
@@ -268,59 +267,6 @@ class _GatheredLogProbs(torch.autograd.Function):
             g.scatter_add_(-1, targets[i : i + rows, None], g_out[:, None])
             grad[i : i + rows] = g.div_(t)
         return grad, None, None
-
-
-def full_logits_token_logprobs(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    pad_id: int,
-    eos_ids: int | set[int] | None = None,
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`token_logprobs` the direct way, as it was computed before the lean version: logits of
-    every position, an fp32 copy of the completion part and a full ``log_softmax``. Kept as the
-    reference that tests and ``benchmarks/bench_memory.py`` compare against; do not train with it."""
-    ids, attn, comp_mask, p_len = pack_for(model, prompts, completions, pad_id, eos_ids)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits  # [N, P+C, V]
-    logits = logits[:, p_len - 1 : -1].float()  # [N, C, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.gather(F.log_softmax(logits, dim=-1), -1, ids[:, p_len:].unsqueeze(-1)).squeeze(-1)  # [N, C]
-    mask = comp_mask.to(logp.dtype)
-    return logp * mask, mask
-
-
-def sequence_logprobs(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    pad_id: int,
-    eos_ids: int | set[int] | None = None,
-    temperature: float = 1.0,
-    micro_batch: int | None = None,
-    max_tokens: int | None = None,
-    action_masks: list[list[int]] | None = None,
-) -> torch.Tensor:
-    """Sum of completion-token log-probs per sequence, ``[N]``; differentiable unless under no_grad.
-    With ``action_masks`` (multi-turn trajectories, whole: pass no ``eos_ids``), the sum is over the
-    tokens marked 1 (the model's), never the environment's.
-
-    ``micro_batch`` (sequences) and ``max_tokens`` (sequences × their longest prompt + longest
-    completion, padding included) bound each forward pass, planned as the trainer plans its
-    micro-batches (:func:`plan_micro_batches`, each sequence a group of one). The results come back
-    in the given order. Packed passes: :func:`tba.models.packing.packed_sequence_logprobs`.
-    """
-    sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
-    chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens)  # each sequence a group of one
-    return chunked_sums(
-        lambda ps, cs: token_logprobs(model, ps, cs, pad_id, eos_ids, temperature),
-        prompts,
-        completions,
-        chunks,
-        action_masks,
-    )
 
 
 def chunked_sums(

@@ -13,13 +13,15 @@ attention's variable-length kernels on a GPU), so no sequence sees another. With
 :func:`packed_token_logprobs` returns what :func:`tba.models.logprobs.token_logprobs` returns, the
 same log-probs within summation-order rounding, through the same lean head path (the output head
 applied to completion positions only, in chunks). :func:`packing_problem` says why a model cannot
-take it (the caller then pads).
+take it (the caller then pads). :class:`Passes`, chosen once per model (:func:`choose_packing`), is
+the one entry point that packs or pads each pass.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -143,19 +145,87 @@ def packing_problem(model: torch.nn.Module, probe: bool = True) -> str | None:
 
 def choose_packing(
     model: torch.nn.Module, width_setting: int | str, setting: str, subject: str, instead: str
-) -> tuple[bool, int | str | None]:
-    """At start: (True, the rows' width, :func:`row_tokens`) where ``model`` can be packed (the
-    probe included), else (False, None) with one warning naming the ``setting`` that asked for
-    packing, the ``subject``, why, and what happens ``instead``."""
+) -> Passes:
+    """At start, how ``model``'s log-prob passes run: packed in rows of :func:`row_tokens` where
+    ``model`` can be packed (the probe included), else padded, with one warning naming the
+    ``setting`` that asked for packing, the ``subject``, why, and what happens ``instead``."""
     problem = packing_problem(model)
     if problem is None:
-        return True, row_tokens(model, width_setting)
+        return Passes(True, row_tokens(model, width_setting))
     warnings.warn(
         f"{setting}: {subject} cannot take packed sequences ({problem}); {instead}. "
         f"Set {setting}=false to choose padding and silence this",
         stacklevel=3,
     )
-    return False, None
+    return Passes()
+
+
+@dataclass(frozen=True)
+class Passes:
+    """How log-prob passes over one model run, decided once at start (:func:`choose_packing`): the
+    entry point that the trainer, the searcher's reference and the ranks all score through.
+
+    ``packed``: sequences go in rows of ``width`` positions (:func:`positions_per_row`) wherever
+    that saves enough positions over padding (:func:`worth_packing`); otherwise every pass pads."""
+
+    packed: bool = False
+    width: int | str | None = None
+
+    def packs(self, prompt_lens: list[int], completion_lens: list[int]) -> bool:
+        """Whether a pass over sequences of these lengths packs."""
+        return self.packed and worth_packing(prompt_lens, completion_lens, self.width)
+
+    def positions(self, prompt_lens: list[int], completion_lens: list[int]) -> tuple[int, int]:
+        """(positions computed, real tokens) of a pass over these sequences (:func:`forward_positions`)."""
+        return forward_positions(prompt_lens, completion_lens, self.packs(prompt_lens, completion_lens), self.width)
+
+    def cost(self, groups: list[list[tuple[int, int]]]):
+        """The positions a pass over some of ``groups`` computes, for :func:`plan_micro_batches`
+        (:func:`pass_cost`); None when every pass pads (the planner's own padded count)."""
+        return pass_cost(groups, self.width) if self.packed else None
+
+    def token_logprobs(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        pad_id: int,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs ``[N, C]`` (fp32, 0 where masked) and the mask of ``completions``,
+        already cut where they are scored (at their first EOS), in one pass, packed or padded."""
+        if self.packs([len(p) for p in prompts], [len(c) for c in completions]):
+            return packed_token_logprobs(model, prompts, completions, None, temperature, self.width, pad_id)
+        return token_logprobs(model, prompts, completions, pad_id, None, temperature)
+
+    def sequence_logprobs(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        pad_id: int,
+        eos_ids: int | set[int] | None = None,
+        temperature: float = 1.0,
+        micro_batch: int | None = None,
+        max_tokens: int | None = None,
+        action_masks: list[list[int]] | None = None,
+    ) -> torch.Tensor:
+        """Sum of completion-token log-probs per sequence, ``[N]``, in the given order;
+        differentiable unless under no_grad. Completions are cut after their first of ``eos_ids``;
+        with ``action_masks`` (multi-turn trajectories, whole: pass no ``eos_ids``) the sum is over
+        the tokens marked 1 (the model's), never the environment's. ``micro_batch`` (sequences) and
+        ``max_tokens`` (positions a pass computes, padding included) bound each pass, planned as
+        the trainer plans its micro-batches (each sequence a group of one)."""
+        completions = [truncate_at_eos(c, eos_ids) for c in completions]
+        sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
+        chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, cost=self.cost([(s,) for s in sizes]))
+        return chunked_sums(
+            lambda ps, cs: self.token_logprobs(model, ps, cs, pad_id, temperature),
+            prompts,
+            completions,
+            chunks,
+            action_masks,
+        )
 
 
 _PROBED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
@@ -200,34 +270,6 @@ def packed_token_logprobs(
     head, picked, targets, mask = _packed_hidden(model, prompts, completions, eos_ids, width, pad_id, check)
     logp = head_logprobs(head, picked, targets, temperature)[:, : mask.shape[1]]
     return logp * mask, mask
-
-
-def packed_sequence_logprobs(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    pad_id: int,
-    eos_ids: int | set[int] | None = None,
-    temperature: float = 1.0,
-    micro_batch: int | None = None,
-    max_tokens: int | None = None,
-    width: int | str | None = None,
-    action_masks: list[list[int]] | None = None,
-) -> torch.Tensor:
-    """:func:`tba.models.logprobs.sequence_logprobs` from packed passes: each pass packs its
-    sequences into rows of ``width`` positions (:func:`positions_per_row`), or pads them where that
-    computes about as much (:func:`worth_packing`); ``max_tokens`` bounds the positions it computes
-    (:func:`pass_cost`)."""
-    completions = [truncate_at_eos(c, eos_ids) for c in completions]
-    sizes = [(len(p), len(c)) for p, c in zip(prompts, completions, strict=True)]
-    chunks = plan_micro_batches(sizes, 1, micro_batch, max_tokens, cost=pass_cost([(s,) for s in sizes], width))
-
-    def logprobs(ps, cs):  # cs already cut at EOS
-        if worth_packing([len(p) for p in ps], [len(c) for c in cs], width):
-            return packed_token_logprobs(model, ps, cs, None, temperature, width, pad_id)
-        return token_logprobs(model, ps, cs, pad_id, None, temperature)
-
-    return chunked_sums(logprobs, prompts, completions, chunks, action_masks)
 
 
 def packed_completion_logits(

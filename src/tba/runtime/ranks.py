@@ -124,7 +124,7 @@ class TrainerRank:
         model = shard_policy(load_trainer_policy(load_cfg, plan.policy, load_on, precision), precision, device)
         self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
-        return self.trainer.packed, self.trainer.row_width
+        return self.trainer.passes
 
     def update(self, batch: Batch, version: int, scale: float, passes: int | None = None) -> dict[str, float]:
         t = self.trainer
@@ -269,20 +269,20 @@ class RankGroup:
         packing = self._call("join", [(host, port, pad_id, eos_ids)] * n)
         if len(set(packing)) > 1:
             raise RuntimeError(f"trainer ranks disagree on packing ({packing}): the same model must pack on every rank")
-        self.packed, self.row_width = packing[0]
+        self.passes = packing[0]
         if initial is not None:
             self._call("load_state_dict", [(initial, None)] + [(None, None)] * (n - 1))
         log(f"trainer: {n} ranks ({'NCCL on GPUs' if gpu else 'gloo on CPUs'}), FSDP2 per decoder layer")
 
     def update(self, batch: Batch, version: int) -> dict[str, float]:
-        if self.packed:  # the ranks balanced by the tokens they compute
+        if self.passes.packed:  # the ranks balanced by the tokens they compute
             sizes = group_tokens(batch)
         else:
             sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
         scales = loss_shares(batch, parts, self.cfg.objective.type)
         # equal on every rank: each pass is a collective
-        passes = rank_passes(batch, parts, self.cfg.trainer, self.packed, self.row_width)
+        passes = rank_passes(batch, parts, self.cfg.trainer, self.passes)
         per_rank = self._call(
             "update", [(sub_batch(batch, p), version, s, passes) for p, s in zip(parts, scales, strict=True)]
         )
