@@ -1,0 +1,59 @@
+"""Building a configuration: defaults, then a YAML file, then overrides, validated once; and back to YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tba.config.errors import ConfigError, format_error
+from tba.config.overrides import merge, parse_overrides
+from tba.config.schema import Config
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_error(err)) from None
+
+
+def with_values(cfg: Config, values: dict[str, Any]) -> Config:
+    """``cfg`` with the dotted keys of ``values`` set (``{"run.device": "cuda"}``), validated anew."""
+    data = cfg.model_dump(mode="json", by_alias=True)
+    for key, value in values.items():
+        *path, leaf = key.split(".")
+        node = data
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return build_config(data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the YAML file at ``path``, then ``--section.key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            raise ConfigError(
+                f"{path} is not valid YAML{line}: {getattr(err, 'problem', None) or err}; fix the file"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path} must hold a mapping of sections, got {type(loaded).__name__}")
+        data = loaded
+    if overrides:
+        data = merge(data, parse_overrides(overrides))
+    return build_config(data)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
