@@ -35,20 +35,9 @@ from tba.models.logprobs import plan_micro_batches, truncate_at_eos, unwrap
 from tba.models.lora import load_policy_state, policy_state, published_state
 from tba.models.packing import Passes, choose_packing
 from tba.models.precision import Precision, cast_floats
-from tba.objectives import (
-    dr_grpo_loss,
-    grpo_loss,
-    normalised_ess,
-    online_dpo_loss,
-    ppo_loss,
-    rloo_loss,
-    sampler_mismatch,
-    sequence_is_weights,
-    tb_loss,
-    truncated_is_weights,
-)
+from tba.objectives import normalised_ess, objective_loss
 from tba.schedules import beta_at, lr_multiplier
-from tba.types import Batch, RolloutGroup, is_flat
+from tba.types import Batch, RolloutGroup
 from tba.weights import BackgroundPublisher, WeightStore, shares_memory
 
 
@@ -219,6 +208,7 @@ class Trainer:
         self.empty_steps = 0  # steps with nothing to train on (:meth:`skip`)
         self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
         self._arrival_lag_max = 0
+        self._log_w: list[torch.Tensor] = []  # this step's log importance weights (objective.tb_ess_lr)
         # publication on a thread (the ray runtime): what it cost the trainer's path since the last
         # step's metrics, and the newest version searchers could fetch when the buffer last marked it
         self.publisher = weights if isinstance(weights, BackgroundPublisher) else None
@@ -452,7 +442,19 @@ class Trainer:
             logp = token_logp.sum(-1)  # [G*K]
             ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
             reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
-            loss, m = self._objective(token_logp, mask, logp, ref, reward, rollouts, beta)
+            loss, m = objective_loss(
+                self.objective,
+                token_logp,
+                mask,
+                logp,
+                ref,
+                reward,
+                rollouts,
+                beta,
+                self.group_size,
+                self.max_tokens,
+                self._log_w,
+            )
             (loss * (share * scale)).backward()  # micro-batch losses are means: weight by their share of the batch
             kl = m["kl"] if "kl" in m else (logp.detach() - ref).mean().item()
             parts = {
@@ -516,76 +518,6 @@ class Trainer:
                 stacklevel=4,
             )
         self.oversize_groups += len(over)
-
-    def _objective(self, token_logp, mask, logp, ref, reward, rollouts, beta):
-        """The configured objective on one micro-batch of whole groups."""
-        o, k = self.objective, self.group_size
-        if o.type == "tb":
-            sampler = self._sampler_token_logps(rollouts, mask) if o.needs_sampler_logps else None
-            if o.tb_ess_lr:  # the sequences' log importance weights, for this step's learning rate
-                self._log_w.append(((token_logp.detach() - sampler) * mask).sum(1))
-            loss, m = tb_loss(
-                logp,
-                ref,
-                reward,
-                beta,
-                k,
-                scale_beta_sq=o.scale_beta_sq,
-                sampler_token_logp=sampler,
-                token_logp=token_logp,
-                mask=mask,
-                trust_region=o.trust_region,
-                trust_region_sequence=o.tb_trust_region_sequence,
-                m2_threshold=o.tb_m2_threshold,
-                huber=o.tb_huber,
-            )
-            if sampler is not None:  # how far the trained policy has moved from the data's sampler
-                m.update(sampler_mismatch(token_logp.detach(), sampler, mask))
-            return loss, m
-        if o.type == "online_dpo":
-            contrast = [not is_flat([r.reward for r in rollouts[i : i + k]]) for i in range(0, len(rollouts), k)]
-            return online_dpo_loss(logp, ref, reward, beta, k, contrast=contrast)
-        if o.type == "rloo" and not o.needs_sampler_logps:
-            return rloo_loss(logp, ref, reward, beta, k)
-        sampler = self._sampler_token_logps(rollouts, mask)  # [G*K, T]
-        current = token_logp.detach()  # the trainer's log-probs at the step's start
-        mismatch = sampler_mismatch(current, sampler, mask, o.tis_cap)
-        if o.tis_cap is None:  # the ratio is to the sampler, clipped
-            old, weight = sampler, None
-        else:  # the ratio is to the trainer's own log-probs; the sampler enters through capped weights
-            old = current
-            weight = (
-                sequence_is_weights(current.sum(-1), sampler.sum(-1), o.tis_cap)
-                if o.type == "rloo"
-                else truncated_is_weights(current, sampler, mask, o.tis_cap)
-            )
-        if o.type == "rloo":
-            clip = o.clip_eps if o.rloo_proximal else None
-            loss, m = rloo_loss(logp, ref, reward, beta, k, sampler_logp=old.sum(-1), clip_eps=clip, is_weight=weight)
-        elif o.type == "grpo":
-            loss, m = grpo_loss(
-                token_logp, old, mask, reward, k, o.clip_eps, ref_logp=ref, kl_coef=o.kl_coef, is_weight=weight
-            )
-        elif o.type == "dr_grpo":
-            loss, m = dr_grpo_loss(token_logp, old, mask, reward, k, self.max_tokens, o.clip_eps, is_weight=weight)
-        elif o.type == "ppo":
-            loss, m = ppo_loss(token_logp, old, mask, reward, ref, beta, k, o.clip_eps, is_weight=weight)
-        else:
-            raise ValueError(f"unknown objective.type {o.type!r}")
-        return loss, {**m, **mismatch}
-
-    @staticmethod
-    def _sampler_token_logps(rollouts, mask: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(mask.shape, dtype=mask.dtype)  # filled on the host, moved once (not a copy per rollout)
-        for i, r in enumerate(rollouts):
-            if r.sampler_token_logps is None:
-                raise ValueError(
-                    "this objective needs the sampler's per-token log-probs, and a rollout in the buffer has none "
-                    "(it came from a searcher or checkpoint made for another objective)"
-                )
-            n = len(r.sampler_token_logps)
-            out[i, :n] = torch.tensor(r.sampler_token_logps, dtype=out.dtype)
-        return out.to(mask.device) * mask
 
     def state_dict(self) -> dict:
         if self.ranks is not None:
