@@ -168,7 +168,7 @@ def sampled_metric_names() -> list[str]:
 
 def objective_metrics() -> list[str]:
     """``train/<key>`` of every key an objective returns (``log_z_mean`` is logged as ``train/log_z``)."""
-    text = _read(SRC / "objectives.py")
+    text = "".join(_read(p) for p in sorted((SRC / "objectives").glob("*.py")))
     keys = set(re.findall(r"\"(\w+)\": ", text)) | set(re.findall(r"metrics\[\"(\w+)\"\] = ", text))
     assert {"log_z_mean", "kl", "clip_fraction"} <= keys, keys
     return sorted(f"train/{'log_z' if k == 'log_z_mean' else k}" for k in keys)

@@ -116,6 +116,6 @@ def test_two_nccl_ranks_take_the_one_rank_step(demo_cache):
         for key in ("train/loss", "train/grad_norm", "train/kl"):
             assert_reordered_close(m2[0][key], m1[0][key], terms=tokens)
         assert all(v.device.type == "cpu" for v in two.trainer.published_state().values())
-        two.trainer.ranks.close()
+        two.trainer.updates.close()
     finally:
         ray.shutdown()

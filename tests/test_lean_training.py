@@ -14,10 +14,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, ObjectiveConfig, TrainerConfig
 from tba.models import logprobs
-from tba.models.logprobs import accepts_logits_to_keep, token_logprobs
+from tba.models.logprobs import accepts_logits_to_keep, plan_micro_batches, token_logprobs
 from tba.models.lora import ReferenceView, add_adapter
 from tba.runtime.policy import enable_gradient_checkpointing
-from tba.trainer import Trainer, plan_micro_batches
+from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
 

@@ -186,7 +186,7 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
             assert_reordered_close(m2[0][key], m1[0][key], terms=tokens)
         assert m2[0]["train/micro_batches"] >= 2 and m2[0]["train/rank_peak_memory_gb"] > 0
         # both packed (trainer.packing's default): the ranks' rows hold their own groups' sequences
-        assert one.trainer.passes.packed and two.trainer.ranks.passes.packed and m2[0]["train/padding_fraction"] < 0.5
+        assert one.trainer.passes.packed and two.trainer.updates.passes.packed and m2[0]["train/padding_fraction"] < 0.5
         # the optimizer's moments, gathered by parameter name: after one step (1 − β₁)·g and
         # (1 − β₂)·g², so the gradients themselves, and their squares (twice the relative error)
         s1, s2 = one.trainer.state_dict(), two.trainer.state_dict()
@@ -221,7 +221,7 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
         # a second step runs on the ranks' updated weights
         assert all(math.isfinite(v) for v in two.trainer.step(batch).values())
     finally:
-        two.trainer.ranks.close()
+        two.trainer.updates.close()
 
 
 def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
@@ -257,8 +257,8 @@ def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
         assert after["scheduler"]["last_epoch"] == epoch + 1 and after["empty_steps"] == 1
         assert all(torch.equal(a.trainer.published_state()[k], pa[k]) for k in pa)
     finally:
-        a.trainer.ranks.close()
-        b.trainer.ranks.close()
+        a.trainer.updates.close()
+        b.trainer.updates.close()
 
 
 def test_a_one_rank_checkpoint_is_not_resumed_by_two(ray_cpus):
@@ -270,7 +270,7 @@ def test_a_one_rank_checkpoint_is_not_resumed_by_two(ray_cpus):
         with pytest.raises(CheckpointError, match="--trainer.num_ranks=1"):
             two.trainer.load_state_dict(one.trainer.state_dict())
     finally:
-        two.trainer.ranks.close()
+        two.trainer.updates.close()
 
 
 # ------------------------------------------------------------------ whole runs

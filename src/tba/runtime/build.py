@@ -61,8 +61,7 @@ class Components:
             if self.trainer.publisher is not None:
                 self.trainer.publisher.close()
         finally:
-            if self.trainer.ranks is not None:
-                self.trainer.ranks.close()
+            self.trainer.updates.close()
 
 
 def make_buffer(cfg: Config, plan: Plan) -> ReplayBuffer:

@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from tba.config import Config, ConfigError, build_config, with_values
-from tba.models.lora import is_lora, policy_state, published_state
+from tba.models.lora import is_lora, load_policy_state, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
 from tba.plan import Plan
 from tba.runtime.errors import TrainerRankFailed
@@ -307,13 +307,18 @@ class RankGroup:
     def state_dict(self) -> dict:
         return self._call("state_dict", [()] * self.size)[0]
 
-    def load_state_dict(self, policy: dict[str, torch.Tensor], state: dict) -> None:
-        light = {k: v for k, v in state.items() if k != "optimizer"}  # rank 0 sends the optimizer's shards
-        self._call("load_state_dict", [(policy, state)] + [(None, light)] * (self.size - 1))
+    def sync_into(self, model: torch.nn.Module) -> None:
+        """``model`` (the driver's copy) takes the ranks' current weights."""
+        load_policy_state(model, self.policy_state())
 
-    def skip(self) -> int:
-        """Every rank skips a step (``Trainer.skip``); returns the steps skipped so far."""
-        return self._call("skip", [()] * self.size)[0]
+    def load_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        """The checkpoint's weights (in ``model``) and optimizer state to the ranks."""
+        light = {k: v for k, v in state.items() if k != "optimizer"}  # rank 0 sends the optimizer's shards
+        self._call("load_state_dict", [(policy_state(model), state)] + [(None, light)] * (self.size - 1))
+
+    def skip(self) -> dict[str, float]:
+        """Every rank skips a step (``Trainer.skip``); the steps skipped so far."""
+        return {"train/skipped_steps": float(self._call("skip", [()] * self.size)[0])}
 
     def pids(self) -> list[int]:
         return self._call("pid", [()] * self.size)

@@ -24,151 +24,28 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Protocol
 
 import torch
 
 from tba.buffer import ReplayBuffer
-from tba.checkpoint import CheckpointError
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import plan_micro_batches, truncate_at_eos, unwrap
-from tba.models.lora import load_policy_state, policy_state, published_state
-from tba.models.packing import Passes, choose_packing
-from tba.models.precision import Precision, cast_floats
+from tba.models.logprobs import truncate_at_eos
+from tba.models.precision import Precision
 from tba.objectives import normalised_ess, objective_loss
 from tba.schedules import beta_at, lr_multiplier
+from tba.trainer.planning import (
+    gather_ranks,
+    group_lengths,
+    group_metrics,
+    lag_metrics,
+    loss_shares,
+    packing_choice,
+    plan_groups,
+    sequence_lengths,
+)
+from tba.trainer.updates import LocalUpdates, Updates, check_rank_count
 from tba.types import Batch, RolloutGroup
-from tba.weights import BackgroundPublisher, WeightStore, shares_memory
-
-
-def lag_metrics(batch: Batch, version: int) -> dict[str, float]:
-    """How stale a batch is, for a step that trains weights of ``version``: a rollout's lag is
-    ``version`` minus its policy version.
-
-    ``train/lag_mean`` and ``train/lag_max`` cover the whole batch, replayed data included.
-    ``train/lag_fresh`` is the mean lag of the rollouts that arrived since the previous step (the
-    buffer stamps each with the step it arrived at), so it says how stale the searchers are now;
-    it is left out when the batch holds none of them.
-    """
-    lags = [version - r.policy_version for r in batch.rollouts]
-    out = {"train/lag_mean": sum(lags) / len(lags), "train/lag_max": float(max(lags))}
-    fresh = [lag for lag, r in zip(lags, batch.rollouts, strict=True) if r.arrival_step == version]
-    if fresh:
-        out["train/lag_fresh"] = sum(fresh) / len(fresh)
-    return out
-
-
-def group_metrics(batch: Batch) -> dict[str, float]:
-    """What the step's groups hold, as fractions of the batch:
-
-    - ``train/flat_groups``: groups whose K rewards are all equal. They carry no reward signal;
-      trajectory balance still trains on them (their residuals pull log π − log π_ref of the K
-      completions together, toward the reference), GRPO's advantages there are zero;
-    - ``train/mixed_groups``: groups whose completions come from more than one policy version
-      (assembled from a prompt's stored rollouts);
-    - ``train/unfinished``: completions cut at ``generation.max_new_tokens``.
-    """
-    n = batch.num_groups
-    groups = [batch.group(g) for g in range(n)]
-    return {
-        "train/flat_groups": sum(batch.flat(g) for g in range(n)) / n,
-        "train/mixed_groups": sum(len({r.policy_version for r in g}) > 1 for g in groups) / n,
-        "train/unfinished": sum(not r.finished for r in batch.rollouts) / len(batch.rollouts),
-    }
-
-
-def gather_ranks(values: torch.Tensor) -> torch.Tensor:
-    """``values`` of every trainer rank, concatenated (this rank's alone outside a process group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, values.cpu())
-    return torch.cat(parts)
-
-
-def group_lengths(batch: Batch) -> list[tuple[int, int]]:
-    """(prompt length, longest completion) of each group of ``batch``, in tokens: the group's padded
-    size is group_size × their sum."""
-    return [(len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.group(g))) for g in range(batch.num_groups)]
-
-
-def loss_shares(batch: Batch, parts: list[list[int]], objective: str) -> list[float]:
-    """Each part's share of the batch's loss, ``parts`` being lists of group indices (a step's
-    micro-batches, or its trainer ranks, whose losses are weighted by it before their gradients are
-    summed). Losses are means over groups (or over their completions, K per group), so the share
-    is the part's fraction of the groups; Online DPO averages over the groups whose rewards differ
-    (the others hold no pair), so there it is its fraction of those."""
-    n = batch.num_groups
-    sizes = [len(p) / n for p in parts]
-    if objective != "online_dpo":
-        return sizes
-    pairs = [sum(not batch.flat(g) for g in p) for p in parts]
-    total = sum(pairs)
-    return [p / total for p in pairs] if total else sizes
-
-
-def group_tokens(batch: Batch) -> list[int]:
-    """Real tokens of each group of ``batch``: its completions and a prompt for each."""
-    return [sum(len(batch.prompt_ids[g]) + len(r.completion) for r in batch.group(g)) for g in range(batch.num_groups)]
-
-
-def sequence_lengths(batch: Batch, groups: list[int]) -> list[list[tuple[int, int]]]:
-    """(prompt, completion) lengths of each sequence of ``groups`` of ``batch``, by group: what
-    :func:`tba.models.packing.pass_cost` prices."""
-    return [[(len(batch.prompt_ids[g]), len(r.completion)) for r in batch.group(g)] for g in groups]
-
-
-def plan_groups(batch: Batch, cfg, passes: Passes, groups: list[int] | None = None) -> list[list[int]]:
-    """The micro-batches of ``groups`` of ``batch`` (default all; as positions in ``groups``) under
-    ``cfg``'s limits: the token budget bounds the positions each pass computes, padded, or packed
-    where ``passes`` packs (:meth:`tba.models.packing.Passes.cost`)."""
-    groups = list(range(batch.num_groups)) if groups is None else groups
-    sizes = group_lengths(batch)
-    cost = passes.cost(sequence_lengths(batch, groups))
-    return plan_micro_batches(
-        [sizes[g] for g in groups], batch.group_size, cfg.micro_batch_prompts, cfg.micro_batch_tokens, cost=cost
-    )
-
-
-def rank_passes(batch: Batch, parts: list[list[int]], cfg, passes: Passes) -> int:
-    """The most forward and backward passes a rank runs when the ranks take ``parts`` of ``batch``
-    (group indices each) under ``cfg``'s micro-batch limits. Every pass over sharded weights is a
-    collective (FSDP2 gathers each layer's weights, reduces its gradients): a rank with fewer passes
-    runs empty ones up to this count, else the others wait for it until the group times out."""
-    return max(len(plan_groups(batch, cfg, passes, part)) for part in parts)
-
-
-def packing_choice(model: torch.nn.Module, cfg) -> Passes:
-    """How the trainer's passes over ``model`` run: packed with ``cfg.packing`` and a model that can
-    be packed (else one warning, and padding), in rows of ``cfg.packing_row_tokens``."""
-    if not cfg.packing:
-        return Passes()
-    name = type(unwrap(model)).__name__
-    return choose_packing(
-        model, cfg.packing_row_tokens, "trainer.packing", name, "the trainer pads its batches instead"
-    )
-
-
-class Ranks(Protocol):
-    """Trainer ranks that hold the sharded policy and its optimizer (``tba.runtime.ranks.RankGroup``)."""
-
-    size: int
-
-    def update(self, batch: Batch, version: int) -> dict[str, float]: ...
-
-    def skip(self) -> int: ...
-
-    def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]: ...
-
-    def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None: ...
-
-    def policy_state(self) -> dict[str, torch.Tensor]: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, policy: dict[str, torch.Tensor], state: dict) -> None: ...
+from tba.weights import BackgroundPublisher, WeightStore
 
 
 class Trainer:
@@ -185,7 +62,7 @@ class Trainer:
         max_new_tokens: int | None = None,
         precision: Precision | None = None,
         publish_dtype: torch.dtype | None = None,
-        ranks: Ranks | None = None,
+        ranks: Updates | None = None,
     ):
         """``precision``: how ``model`` computes (default fp32); ``publish_dtype``: the dtype that
         published floating weights are cast to (the searchers' ``model.dtype``; None keeps them).
@@ -214,13 +91,12 @@ class Trainer:
         self.publisher = weights if isinstance(weights, BackgroundPublisher) else None
         self._publish_path_s = 0.0
         self._marked_version = -1
-        self.ranks = ranks
         self._synced = -1  # the version whose weights ``model`` holds, with ranks
         self.passes = packing_choice(model, cfg)
-        if ranks is not None:  # the ranks hold the optimizer; ``model`` is this process's copy
-            self.optimizer = self.scheduler = None
-            return
-        self.optimizer, self.scheduler = self.new_optimizer()
+        self.updates: Updates = ranks if ranks is not None else LocalUpdates(self)
+        self.optimizer = self.scheduler = None  # the ranks hold theirs; ``model`` is this process's copy
+        if ranks is None:
+            self.optimizer, self.scheduler = self.new_optimizer()
 
     def new_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
         """AdamW over the trainable parameters, and its learning-rate schedule, both fresh."""
@@ -260,19 +136,7 @@ class Trainer:
         hand-over: the weights travel while the trainer goes on, and the buffer's recent window
         starts when searchers can fetch them (:meth:`_mark_visible`)."""
         start = time.perf_counter()
-        if self.ranks is not None:
-            self.ranks.publish(self.weights, self.version, self.publish_dtype)
-        elif self.publisher is not None:  # a cast that copies runs on the publisher's thread too
-            state = published_state(self.model)
-            dtype = self.publish_dtype
-            floats = [v for v in state.values() if v.is_floating_point()]
-            if dtype is not None and floats and all(v.dtype != dtype for v in floats):  # a copy of each trained tensor
-                self.publisher.publish(state, self.version, aliases=True, prepare=lambda s: cast_floats(s, dtype))
-            else:
-                state = cast_floats(state, dtype)  # as published_state(): no copy, or a few tensors
-                self.publisher.publish(state, self.version, aliases=shares_memory(state, self.model))
-        else:
-            self.weights.publish(self.published_state(), self.version)
+        self.updates.publish(self.weights, self.version, self.publish_dtype)
         if self.publisher is None:
             self.buffer.mark_sync()
         return time.perf_counter() - start
@@ -293,15 +157,13 @@ class Trainer:
     def published_state(self) -> dict[str, torch.Tensor]:
         """What searchers load: the policy's state dict (a LoRA policy's adapter), floating tensors
         cast once to ``publish_dtype`` (with ranks: gathered from their shards)."""
-        if self.ranks is not None:
-            return self.ranks.published_state(self.publish_dtype)
-        return cast_floats(published_state(self.model), self.publish_dtype)
+        return self.updates.published_state(self.publish_dtype)
 
     def sync_policy(self) -> None:
         """With ranks, load their current weights into ``self.model`` (once per version); without,
         ``self.model`` is the policy itself and this does nothing."""
-        if self.ranks is not None and self._synced != self.version:
-            load_policy_state(self.model, self.ranks.policy_state())
+        if self._synced != self.version:
+            self.updates.sync_into(self.model)
             self._synced = self.version
 
     def step(self, batch: Batch | None = None) -> dict[str, float]:
@@ -310,7 +172,7 @@ class Trainer:
         self._mark_visible()
         if batch is None:
             batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
-        metrics = self.ranks.update(batch, self.version) if self.ranks is not None else self.update(batch)
+        metrics = self.updates.update(batch, self.version)
         positions = metrics.get("train/positions", 0.0)
         if positions:
             metrics["train/padding_fraction"] = 1.0 - metrics["train/tokens"] / positions
@@ -338,15 +200,14 @@ class Trainer:
         ``train/skipped_steps`` (with the steps whose gradients were not finite) and
         ``train/empty_steps``."""
         start = time.perf_counter()
-        skipped = self.ranks.skip() if self.ranks is not None else self.skip_update()
+        skipped = self.updates.skip()
         self.empty_steps += 1
         metrics = {
-            "train/skipped_steps": float(skipped),
+            "train/skipped_steps": skipped.pop("train/skipped_steps"),
             "train/empty_steps": float(self.empty_steps),
             "train/step_s": time.perf_counter() - start,
+            **skipped,
         }
-        if self.optimizer is not None:
-            metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
         return self._advance(metrics)
 
     def _advance(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -520,39 +381,13 @@ class Trainer:
         self.oversize_groups += len(over)
 
     def state_dict(self) -> dict:
-        if self.ranks is not None:
-            return {"version": self.version, "empty_steps": self.empty_steps, **self.ranks.state_dict()}
-        return {
-            "version": self.version,
-            "empty_steps": self.empty_steps,
-            "skipped_steps": self.skipped_steps,
-            "oversize_groups": self.oversize_groups,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-        }
+        return {"version": self.version, "empty_steps": self.empty_steps, **self.updates.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned. With ranks, ``self.model``'s weights go to them
         too (a resume loads the checkpoint's weights into ``self.model`` first)."""
-        check_rank_count(state, 1 if self.ranks is None else self.ranks.size)
+        check_rank_count(state, self.updates.size)
         self.version = state["version"]
         self.empty_steps = state.get("empty_steps", 0)  # absent from checkpoints before it existed
-        if self.ranks is not None:
-            self.ranks.load_state_dict(policy_state(self.model), state)
-            self._synced = self.version
-            return
-        self.skipped_steps = state["skipped_steps"]
-        self.oversize_groups = state.get("oversize_groups", 0)  # absent from checkpoints before it existed
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-
-
-def check_rank_count(state: dict, ranks: int) -> None:
-    """A checkpoint's optimizer state is resumed by as many ranks as saved it (1 rank keeps torch's
-    own format; several, one gathered by parameter name)."""
-    saved = state.get("num_ranks", 1)
-    if (saved > 1) != (ranks > 1):
-        raise CheckpointError(
-            f"this checkpoint was written by a trainer of {saved} rank(s) and this run has {ranks}: "
-            f"resume it with --trainer.num_ranks={saved}"
-        )
+        self.updates.load_state_dict(self.model, state)
+        self._synced = self.version

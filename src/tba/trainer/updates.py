@@ -1,0 +1,121 @@
+"""Where the trainer's updates happen: in this process (:class:`LocalUpdates`: the policy and its
+optimizer are the trainer's own) or on trainer ranks that hold the sharded policy and its optimizer
+(``tba.runtime.ranks.RankGroup``). Both are :class:`Updates`; the trainer calls one of them and
+never asks which."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tba.checkpoint import CheckpointError
+from tba.models.lora import published_state
+from tba.models.precision import cast_floats
+from tba.types import Batch
+from tba.weights import WeightStore, shares_memory
+
+
+class Updates(Protocol):
+    """What takes the trainer's optimizer steps and holds the weights they change."""
+
+    size: int  # processes that hold the policy (1: this one)
+
+    def update(self, batch: Batch, version: int) -> dict[str, float]:
+        """One optimizer step on ``batch`` at ``version``; the step's metrics."""
+        ...
+
+    def skip(self) -> dict[str, float]:
+        """A step with nothing to train on (the schedule advances); ``train/skipped_steps`` so far."""
+        ...
+
+    def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        """What searchers load (a LoRA policy's adapter), floating tensors cast to ``dtype``."""
+        ...
+
+    def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None:
+        """Put :meth:`published_state` in ``store`` as ``version``."""
+        ...
+
+    def sync_into(self, model: torch.nn.Module) -> None:
+        """Bring ``model`` (the trainer's copy, for evaluation and checkpoints) to the current weights."""
+        ...
+
+    def state_dict(self) -> dict:
+        """The optimizer, the schedule and the counters, for a checkpoint."""
+        ...
+
+    def load_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        """Restore :meth:`state_dict`, with ``model``'s weights (the checkpoint's, loaded first)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalUpdates:
+    """The trainer's own model and optimizer, stepped in this process (no ranks)."""
+
+    size = 1
+
+    def __init__(self, trainer):
+        """``trainer``: the :class:`~tba.trainer.core.Trainer` whose model and optimizer these are."""
+        self.trainer = trainer
+
+    def update(self, batch: Batch, version: int) -> dict[str, float]:
+        return self.trainer.update(batch)
+
+    def skip(self) -> dict[str, float]:
+        t = self.trainer
+        return {"train/skipped_steps": float(t.skip_update()), "train/lr": t.optimizer.param_groups[0]["lr"]}
+
+    def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        return cast_floats(published_state(self.trainer.model), dtype)
+
+    def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None:
+        """Into ``store``; through a :class:`~tba.weights.BackgroundPublisher`, a cast that copies
+        runs on its thread too, and weights that alias the model's are marked so (the trainer
+        settles the publication before its optimizer writes them)."""
+        publisher = self.trainer.publisher
+        if publisher is None:
+            store.publish(self.published_state(dtype), version)
+            return
+        state = published_state(self.trainer.model)
+        floats = [v for v in state.values() if v.is_floating_point()]
+        if dtype is not None and floats and all(v.dtype != dtype for v in floats):  # a copy of each trained tensor
+            publisher.publish(state, version, aliases=True, prepare=lambda s: cast_floats(s, dtype))
+        else:
+            state = cast_floats(state, dtype)  # as published_state(): no copy, or a few tensors
+            publisher.publish(state, version, aliases=shares_memory(state, self.trainer.model))
+
+    def sync_into(self, model: torch.nn.Module) -> None:
+        """Nothing: the trainer's model is the policy itself."""
+
+    def state_dict(self) -> dict:
+        t = self.trainer
+        return {
+            "skipped_steps": t.skipped_steps,
+            "oversize_groups": t.oversize_groups,
+            "optimizer": t.optimizer.state_dict(),
+            "scheduler": t.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        t = self.trainer
+        t.skipped_steps = state["skipped_steps"]
+        t.oversize_groups = state.get("oversize_groups", 0)  # absent from checkpoints before it existed
+        t.optimizer.load_state_dict(state["optimizer"])
+        t.scheduler.load_state_dict(state["scheduler"])
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def check_rank_count(state: dict, ranks: int) -> None:
+    """A checkpoint's optimizer state is resumed by as many ranks as saved it (1 rank keeps torch's
+    own format; several, one gathered by parameter name)."""
+    saved = state.get("num_ranks", 1)
+    if (saved > 1) != (ranks > 1):
+        raise CheckpointError(
+            f"this checkpoint was written by a trainer of {saved} rank(s) and this run has {ranks}: "
+            f"resume it with --trainer.num_ranks={saved}"
+        )
