@@ -44,6 +44,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from tba.buffer.columns import prompts_from_columns, ragged, rng_from_state, rng_state, rollout_columns
 from tba.types import Batch, Rollout, RolloutGroup, is_flat
 
 _rollout_row = attrgetter(*(f.name for f in fields(Rollout)))  # Rollout -> tuple in field order
@@ -371,73 +372,26 @@ class ReplayBuffer:
                 "flat_weight": self.flat_weight,
             },
             "prompt_ids": list(self._prompts),
-            "prompt_tokens": _ragged([p.prompt_ids for p in prompts], np.int64),
+            "prompt_tokens": ragged([p.prompt_ids for p in prompts], np.int64),
             "rollouts_per_prompt": np.array([len(p.rollouts) for p in prompts], dtype=np.int64),
-            "rollouts": {
-                "completion": _ragged([r.completion for r in rows], np.int64),
-                "reward": np.array([r.reward for r in rows], dtype=np.float64),
-                "ref_logp": np.array([r.ref_logp for r in rows], dtype=np.float64),
-                "policy_version": np.array([r.policy_version for r in rows], dtype=np.int64),
-                "arrival_step": np.array([r.arrival_step for r in rows], dtype=np.int64),
-                "sampler_logp": np.array([r.sampler_logp or 0.0 for r in rows], dtype=np.float64),
-                "has_sampler_logp": np.array([r.sampler_logp is not None for r in rows], dtype=bool),
-                "finished": np.array([r.finished for r in rows], dtype=bool),
-                "searcher_id": np.array([r.searcher_id for r in rows], dtype=np.int64),
-                "sampler_token_logps": _ragged([r.sampler_token_logps for r in rows], np.float64),
-                "action_mask": _ragged([r.action_mask for r in rows], np.int8),
-            },
+            "rollouts": rollout_columns(rows),
             # live queue entries only (stale ones would be skipped anyway), as positions in the rows
             "fifo": np.array([index[id(r)] for pid, r in self._fifo if self._is_live(pid, r)], dtype=np.int64),
             "eligible": list(self._eligible.items),
             "windows": [[sorted(w.members), list(w.eligible.items)] for w in (self._current, self._previous)],
             "counters": [self._size, self._evicted, self._duplicates],
-            "rng": _rng_state(self._rng),
+            "rng": rng_state(self._rng),
             "np_rng": self._np_rng.bit_generator.state,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict`, settings included: it then samples as the saved buffer."""
         self.__init__(**state["config"])  # validates the settings and clears the data
-        r = state["rollouts"]
-        completions = _unragged(r["completion"])
-        token_logps = _unragged(r["sampler_token_logps"])
-        # checkpoints from before multi-turn trajectories have no action masks: every token the policy's
-        actions = _unragged(r["action_mask"]) if "action_mask" in r else [None] * len(completions)
-        columns = zip(
-            completions,
-            r["reward"].tolist(),
-            r["ref_logp"].tolist(),
-            r["policy_version"].tolist(),
-            r["arrival_step"].tolist(),
-            r["sampler_logp"].tolist(),
-            r["has_sampler_logp"].tolist(),
-            r["finished"].tolist(),
-            r["searcher_id"].tolist(),
-            token_logps,
-            actions,
-            strict=True,
-        )
         rows: list[Rollout] = []
-        counts = state["rollouts_per_prompt"].tolist()
-        for pid, prompt_ids, n in zip(state["prompt_ids"], _unragged(state["prompt_tokens"]), counts, strict=True):
-            prompt = self._prompts[pid] = _Prompt(list(prompt_ids))
-            for completion, reward, ref, version, arrival, logp, has_logp, finished, searcher, tokens, action in islice(
-                columns, n
-            ):
-                rollout = Rollout(
-                    pid,
-                    completion,
-                    reward,
-                    ref,
-                    version,
-                    arrival,
-                    logp if has_logp else None,
-                    finished,
-                    searcher,
-                    tokens,
-                    action,
-                )
-                prompt.rollouts[completion] = rollout
+        for pid, prompt_ids, rollouts in prompts_from_columns(state):
+            prompt = self._prompts[pid] = _Prompt(prompt_ids)
+            for rollout in rollouts:
+                prompt.rollouts[rollout.completion] = rollout
                 rows.append(rollout)
         self._fifo = deque((rows[i].prompt_id, rows[i]) for i in state["fifo"].tolist())
         self._eligible = _IndexedSet(state["eligible"])
@@ -445,60 +399,5 @@ class ReplayBuffer:
         self._current = _Window(set(cur_members), _IndexedSet(cur_eligible))
         self._previous = _Window(set(prev_members), _IndexedSet(prev_eligible))
         self._size, self._evicted, self._duplicates = state["counters"]
-        self._rng.setstate(_rng_from_state(state["rng"]))
+        self._rng.setstate(rng_from_state(state["rng"]))
         self._np_rng.bit_generator.state = state["np_rng"]
-
-
-def fresh_batch(groups: list[RolloutGroup], group_size: int, step: int, rng: random.Random) -> Batch:
-    """A batch of exactly the groups just generated, for on-policy training without replay
-    (``buffer.fresh_only``): no deduplication (a completion sampled twice counts twice, as it
-    does for the on-policy baselines), every rollout stamped as arriving at ``step``. A group with
-    more than ``group_size`` completions gives its first ``group_size``; one with fewer (completions
-    dropped by a reward function that failed on them) fills up with repeats of its own, counted in
-    ``buffer/repeat_fraction``; a group with none is left out."""
-    prompt_ids, rollouts, repeats = [], [], 0
-    for group in groups:
-        if not group.completions:
-            continue
-        own = [ReplayBuffer._make_rollout(group, i, step) for i in range(min(group_size, len(group.completions)))]
-        fill = group_size - len(own)
-        repeats += fill
-        prompt_ids.append(list(group.prompt_ids))
-        rollouts.extend(own + rng.choices(own, k=fill))
-    if not prompt_ids:
-        raise BufferTooSmall("no completion of this step survived scoring: nothing to train on")
-    return Batch(
-        prompt_ids=prompt_ids,
-        rollouts=rollouts,
-        group_size=group_size,
-        stats={"buffer/recent_fraction": 1.0, "buffer/repeat_fraction": repeats / len(rollouts)},
-    )
-
-
-def _ragged(seqs: list, dtype) -> dict[str, np.ndarray]:
-    """Sequences (None allowed) as one flat array and their lengths (-1 for None)."""
-    lengths = np.array([-1 if s is None else len(s) for s in seqs], dtype=np.int64)
-    flat = [x for s in seqs if s is not None for x in s]
-    return {"values": np.array(flat, dtype=dtype), "lengths": lengths}
-
-
-def _unragged(ragged: dict[str, np.ndarray]) -> list[tuple | None]:
-    values, out, pos = ragged["values"].tolist(), [], 0
-    for n in ragged["lengths"].tolist():
-        if n < 0:
-            out.append(None)
-            continue
-        out.append(tuple(values[pos : pos + n]))
-        pos += n
-    return out
-
-
-def _rng_state(rng: random.Random) -> list:
-    """``random.Random`` state as plain lists: [version, internal state, next gaussian]."""
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def _rng_from_state(state) -> tuple:
-    version, internal, gauss = state
-    return version, tuple(internal), gauss
