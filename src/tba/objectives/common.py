@@ -8,12 +8,14 @@ import math
 import torch
 
 
-def check_groups(n: int, group_size: int) -> None:
+def check_groups(n: int, group_size: int, smallest: int = 2) -> None:
+    """``n`` completions make whole groups of ``group_size`` (at least ``smallest``: a baseline
+    compares the completions of a group, so 2), else a ValueError that says how to lay them out."""
     if n == 0:
         raise ValueError("empty batch")
-    if group_size < 2 or n % group_size:
+    if group_size < smallest or n % group_size:
         raise ValueError(
-            f"group_size {group_size} does not divide the batch of {n} completions (or is below 2); "
+            f"group_size {group_size} does not divide the batch of {n} completions (or is below {smallest}); "
             f"pass the K completions of each prompt consecutively"
         )
 

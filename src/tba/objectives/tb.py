@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from tba.objectives.common import check_groups
+
 
 def tb_loss(
     logp: torch.Tensor,
@@ -62,13 +64,7 @@ def tb_loss(
             f"{tuple(logp.shape)}, {tuple(ref_logp.shape)}, {tuple(reward.shape)}"
         )
     n = logp.shape[0]
-    if n == 0:
-        raise ValueError("tb_loss got an empty batch")
-    if group_size < 1 or n % group_size:
-        raise ValueError(
-            f"group_size {group_size} does not divide the batch of {n} completions; "
-            f"pass the K completions of each prompt consecutively"
-        )
+    check_groups(n, group_size, smallest=1)  # one completion a prompt: log Z is its own residual
     if not beta > 0:  # also rejects NaN
         raise ValueError(f"beta must be positive, got {beta}")
     ref_logp = ref_logp.to(logp.dtype)
