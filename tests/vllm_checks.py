@@ -26,6 +26,11 @@ def moved(model):
     return other
 
 
+def outputs(groups) -> list[list[list]]:
+    """Each completion of each group as [token ids, finished]: what two generators are compared on."""
+    return [[[c.token_ids, c.finished] for c in g] for g in groups]
+
+
 def main(path: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,8 +50,7 @@ def main(path: str) -> dict:
 
     greedy = SamplingParams(n=2, max_new_tokens=6, greedy=True)
     mine, theirs = engine.generate(prompts, greedy), hf.generate(prompts, greedy)
-    out["greedy_equal"] = [[c.token_ids for c in g] for g in mine] == [[c.token_ids for c in g] for g in theirs]
-    out["greedy_finished_equal"] = [[c.finished for c in g] for g in mine] == [[c.finished for c in g] for g in theirs]
+    out["greedy"] = {"vllm": outputs(mine), "hf": outputs(theirs)}
     out["greedy_copies"] = [len(g) for g in mine]
 
     sampled = SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=6, logprobs=True)
@@ -59,7 +63,8 @@ def main(path: str) -> dict:
     # and the sums of the model's forward (vLLM's kernels add in their own order)
     out["sampled_logp_scale"] = max(abs(tf[i, j].item()) for i, c in enumerate(flat) for j in range(len(c.token_logps)))
     out["sampled_terms"] = model_terms(model.config, max(len(p) for p in prompts) + 6)
-    out["sampled_logps_per_token"] = all(len(c.token_logps) == len(c.token_ids) for c in flat)
+    out["sampled_logp_counts"] = [len(c.token_logps) for c in flat]
+    out["sampled_token_counts"] = [len(c.token_ids) for c in flat]
     out["sampled_max_len"] = max(len(c.token_ids) for g in groups for c in g)
     out["sampled_distinct"] = max(len({tuple(c.token_ids) for c in g}) for g in groups)
 
@@ -70,8 +75,7 @@ def main(path: str) -> dict:
     engine.load_weights(other.state_dict(), version=3)
     reloaded = engine.generate(prompts, greedy)
     expected = HFGenerator(other, tokenizer.pad_token_id, eos).generate(prompts, greedy)
-    out["reload_equal"] = [[c.token_ids for c in g] for g in reloaded] == [[c.token_ids for c in g] for g in expected]
-    out["reload_changed"] = [[c.token_ids for c in g] for g in reloaded] != [[c.token_ids for c in g] for g in mine]
+    out["reload"] = {"vllm": outputs(reloaded), "hf": outputs(expected), "before": outputs(mine)}
     out["version"] = engine.version
     return out
 
@@ -95,15 +99,12 @@ def chat(path: str) -> dict:
     engine = VLLMGenerator(path, eos, torch.device("cpu"), torch.float32, seed=0, kv_cache_gb=0.25)
     hf = HFGenerator(model, tokenizer.pad_token_id, eos)
     prompts = encode_prompts(tokenizer, ["What is 3 + 4?", "Natalia sold clips.", "How many clips?"])
-    out = {"end_of_turn_is_an_end_id": end_of_turn in eos and end_of_turn != tokenizer.eos_token_id}
+    out: dict = {"end_of_turn": end_of_turn, "eos": tokenizer.eos_token_id, "end_ids": sorted(eos)}
     for name, params in (
         ("greedy", SamplingParams(n=1, max_new_tokens=12, greedy=True)),
         ("greedy_min3", SamplingParams(n=1, max_new_tokens=12, min_new_tokens=3, greedy=True)),
     ):
-        mine, theirs = engine.generate(prompts, params), hf.generate(prompts, params)
-        out[f"{name}_equal"] = [[(c.token_ids, c.finished) for c in g] for g in mine] == [
-            [(c.token_ids, c.finished) for c in g] for g in theirs
-        ]
+        out[name] = {"vllm": outputs(engine.generate(prompts, params)), "hf": outputs(hf.generate(prompts, params))}
     return out
 
 
@@ -160,11 +161,9 @@ def lora(path: str) -> dict:
     generator.load_weights(state, version=5)
     after = generator.generate(prompts, greedy)
     expected = HFGenerator(policy, tokenizer.pad_token_id, eos).generate(prompts, greedy)
-    tokens = lambda groups: [[c.token_ids for c in g] for g in groups]  # noqa: E731
     out = {
-        "published_adapter_only": all("lora_" in k for k in state),
-        "lora_equal": tokens(after) == tokens(expected),
-        "lora_changed": tokens(after) != tokens(before),
+        "published_not_adapter": sorted(k for k in state if "lora_" not in k),
+        "lora": {"vllm": outputs(after), "hf": outputs(expected), "before": outputs(before)},
         "lora_version": generator.version,
     }
     del generator, engine
@@ -182,7 +181,7 @@ def lora(path: str) -> dict:
     config, r = policy.config, settings.r
     h, inner = config.hidden_size, config.intermediate_size
     out.update(
-        adapter_equal=tokens(adapter.generate(prompts, greedy)) == tokens(expected),
+        adapter={"vllm": outputs(adapter.generate(prompts, greedy)), "hf": outputs(expected)},
         adapter_version=adapter.version,
         adapter_logp_max_diff=max(abs(a - b) for a, b in pairs),
         adapter_logp_scale=max(abs(b) for _, b in pairs),
@@ -224,7 +223,7 @@ def stream(path: str) -> dict:
             lengths[f.key] = [len(c.token_ids) for c in f.completions]
             versions[f.key] = (f.oldest_version, f.newest_version)
     out["order"], out["lengths"], out["versions"] = order, lengths, versions
-    out["engine_idle"] = not engine.llm.llm_engine.has_unfinished_requests()
+    out["engine_unfinished"] = engine.llm.llm_engine.has_unfinished_requests()
 
     # in flight: the new weights take over mid-completion, the old tokens stay
     other = moved(model)
@@ -243,9 +242,7 @@ def stream(path: str) -> dict:
     new = HFGenerator(other, tokenizer.pad_token_id, eos).generate([prompts[1]], greedy)[0][0].token_ids
     d, e = done["d"].completions[0].token_ids, done["e"].completions[0].token_ids
     out["in_flight_versions"] = {k: (f.oldest_version, f.newest_version) for k, f in done.items()}
-    out["in_flight_old_prefix"] = d[:5] == old[:5]  # the tokens before the load: the old weights'
-    out["in_flight_new_tail"] = d[5:] != old[5:]  # after it, not the old weights' continuation
-    out["after_load_is_new"] = e == new  # submitted after the load: the new weights throughout
+    out["in_flight"] = {"d": d, "e": e, "old": old, "new": new}
 
     # drain: the prompt in flight finishes with the old weights first
     s.submit("f", prompts[2], length=8)
@@ -256,7 +253,10 @@ def stream(path: str) -> dict:
     s.submit("h", prompts[3], length=8)
     s.advance()
     out["aborted"] = sorted(s.abort())
-    out["idle_after_abort"] = s.in_flight() == 0 and not engine.llm.llm_engine.has_unfinished_requests()
+    out["after_abort"] = {
+        "in_flight": s.in_flight(),
+        "engine_unfinished": engine.llm.llm_engine.has_unfinished_requests(),
+    }
     return out
 
 
