@@ -1,6 +1,9 @@
-"""The manual says what runs: every YAML config shown in the docs and the README validates, every
-``tba`` command shown parses, and the configuration reference holds every key ``tba train
---print-config`` prints. (``make docs`` builds the site with ``--strict``: links and pages.)"""
+"""The manual says what runs: every YAML config shown in the docs and the README validates; every
+``tba train`` command shown plans on the machine its page is about, with the runtime and settings
+it names; the ``--print-config``, ``--print-plan`` and ``tba plot`` commands shown print and draw
+what they say; every ``tba eval`` command parses; and the configuration reference holds every key
+``tba train --print-config`` prints. (``make docs`` builds the site with ``--strict``: links and
+pages.)"""
 
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.test_plots import sync_records, write_run
 
+from tba.cli import main as tba_main
 from tba.cli import split_train_args
 from tba.config import Config, ConfigError, dump_config, load_config
 from tba.config_reference import keys, reference_markdown, task_classes
 from tba.eval_command import parse_args as parse_eval_args
-from tba.plots import build_parser as plot_parser
+from tba.plan import Hardware, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -52,7 +57,8 @@ def commands() -> list[tuple[str, list[str]]]:
 
 
 def test_the_docs_show_configs_and_commands():
-    assert len(blocks("yaml")) >= 3 and len(commands()) >= 15
+    shown = {argv[0] for _, argv in commands()}
+    assert len(blocks("yaml")) >= 3 and shown == {"train", "eval", "plot"}
 
 
 @pytest.mark.parametrize(
@@ -66,20 +72,91 @@ def test_every_yaml_config_shown_validates(page, text, tmp_path):
     load_config(path)
 
 
-@pytest.mark.parametrize("page,argv", commands(), ids=lambda x: x if isinstance(x, str) else " ".join(x)[:60])
-def test_every_tba_command_shown_parses(page, argv):
-    command, args = argv[0], argv[1:]
-    if command == "train":
-        config, overrides, _ = split_train_args([a for a in args if a != "--debug"])
-        if config is not None and not (ROOT / config).is_file():
-            config = None  # a file of the reader's own (my_run.yaml): its keys are checked above
-        load_config(ROOT / config if config else None, overrides)
-    elif command == "eval":
-        parse_eval_args([a for a in args if a != "--debug"])
-    elif command == "plot":
-        plot_parser().parse_args(args)
-    else:
-        pytest.fail(f"{page}: unknown command tba {command}")
+TWO_CORES = Hardware(cpus=2)
+ONE_GPU = Hardware(cpus=16, gpus=1, bf16=True)
+EIGHT_GPUS = Hardware(cpus=64, gpus=8, bf16=True)
+
+
+def train_config(argv: list[str]) -> tuple[str | None, Config]:
+    """The config file a shown ``tba train`` names (None: the defaults, or a file of the reader's own,
+    whose keys the YAML test checks) and the config it builds."""
+    config, overrides, _ = split_train_args([a for a in argv if a not in ("--debug", "--print-plan")])
+    if config is not None and not (ROOT / config).is_file():
+        config = None
+    return config, load_config(ROOT / config if config else None, overrides)
+
+
+def hardware_for(page: str, config: str | None) -> Hardware:
+    """The machine a page's command is meant for: the GPU pages' configs on GPUs, the rest on the
+    2-core CPU machine the quickstart is measured on."""
+    if config is not None and "8gpu" in config:
+        return EIGHT_GPUS
+    return ONE_GPU if page in ("gpus.md", "tasks.md") else TWO_CORES
+
+
+def train_commands() -> list[tuple[str, list[str]]]:
+    return [(page, argv[1:]) for page, argv in commands() if argv[0] == "train"]
+
+
+@pytest.mark.parametrize("page,argv", train_commands(), ids=lambda x: x if isinstance(x, str) else " ".join(x)[:60])
+def test_every_train_command_shown_plans_with_what_it_names(page, argv):
+    config, cfg = train_config(argv)
+    hardware = hardware_for(page, config)
+    plan = make_plan(cfg, hardware)  # every auto decided, nothing loaded
+    assert plan.device.startswith("cuda" if hardware.gpus else "cpu")
+    named = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    if "runtime.type" in named:
+        assert plan.runtime == named["runtime.type"]
+    if "runtime.searcher_gpus" in named:
+        assert plan.searcher_gpus == float(named["runtime.searcher_gpus"])
+    if "trainer.num_ranks" in named:
+        assert plan.rank_cpus is not None  # ranks get cores of their own
+    if "buffer.fresh_only" in named:
+        assert plan.runtime == "sync" and plan.lag_bound is None
+    if cfg.runtime.type == "auto" and hardware is TWO_CORES and not named.keys() & {"runtime.address", "eval.async"}:
+        assert plan.runtime == "sync", "on two cores searchers would share the trainer's: auto trains in sync"
+
+
+def test_print_config_and_print_plan_shown_print_the_config_and_the_plan(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    shown = [argv for _, argv in train_commands() if {"--print-config", "--print-plan"} & set(argv)]
+    runnable = [argv for argv in shown if argv[0].startswith("-") or (ROOT / argv[0]).is_file()]  # not my_run.yaml
+    assert {"--print-config", "--print-plan"} <= {a for argv in runnable for a in argv}
+    for argv in runnable:
+        config, cfg = train_config(argv)
+        assert tba_main(["train", *argv]) == 0, argv
+        out = capsys.readouterr().out
+        if "--print-config" in argv:
+            assert load_config(None, []).model_validate(yaml.safe_load(out)) == cfg
+        else:
+            lines = make_plan(cfg).lines()
+            assert out.splitlines() == lines and any(line.lstrip().startswith("runtime") for line in lines)
+
+
+def test_every_plot_command_shown_draws_its_figures(tmp_path, monkeypatch, capsys):
+    shown = [argv[1:] for _, argv in commands() if argv[0] == "plot"]
+    assert shown
+    monkeypatch.chdir(tmp_path)
+    for args in shown:
+        runs = [a for a in args[: args.index("-o")] if not a.startswith("-")] if "-o" in args else args
+        for run in runs:
+            if not Path(run, "metrics.jsonl").exists():
+                write_run(Path(run), sync_records(0.0))
+        assert tba_main(["plot", *args]) == 0, args
+        written = [Path(line) for line in capsys.readouterr().out.splitlines()]
+        out = Path(args[args.index("-o") + 1]) if "-o" in args else Path(runs[0], "plots") if len(runs) == 1 else None
+        assert any(p.name == "overview.png" and p.stat().st_size > 0 for p in written), args
+        if out is not None:
+            assert all(p.parent == out for p in written), args
+
+
+@pytest.mark.parametrize(
+    "page,argv",
+    [(p, a) for p, a in commands() if a[0] == "eval"],
+    ids=lambda x: x if isinstance(x, str) else " ".join(x)[:60],
+)
+def test_every_eval_command_shown_parses(page, argv):
+    parse_eval_args([a for a in argv[1:] if a != "--debug"])
 
 
 def test_the_reference_holds_every_key_print_config_prints():
