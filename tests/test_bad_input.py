@@ -231,7 +231,7 @@ CASES = [
     Case(
         "a tool that cannot be imported",
         ["--model.policy=builtin:tiny-tools", "--task.tools=[no_such_module:add]"],
-        ["task.tools: cannot import 'no_such_module'"],
+        ["task.tools 'no_such_module:add': cannot import module 'no_such_module'"],
     ),
     Case(
         "tools and an environment",

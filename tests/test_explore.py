@@ -16,13 +16,14 @@ class Recorder:
     def __init__(self):
         self.calls: list[SamplingParams] = []
         self.loaded = None
+        self.version = -1
 
     def generate(self, prompts, params):
         self.calls.append(params)
         return [[Completion([1], True)] * params.n for _ in prompts]
 
     def load_weights(self, state_dict, version):
-        self.loaded = version
+        self.loaded = self.version = version
 
 
 def test_exploring_batches_draw_settings_from_the_ranges():

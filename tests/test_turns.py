@@ -47,6 +47,7 @@ class ScriptedPolicy:
         self.tok, self.mistakes, self.always_call, self.expression = tok, set(mistakes), always_call, expression
         self.vary = vary
         self.calls = []  # (contexts, params) of each generate call
+        self.version = -1
 
     def generate(self, prompts, params):
         self.calls.append((len(prompts), params.n, params.max_new_tokens))
@@ -74,7 +75,7 @@ class ScriptedPolicy:
         return Completion(tokens, finished, [-0.5] * len(tokens))
 
     def load_weights(self, state, version):
-        pass
+        self.version = version
 
 
 def _conversations(tok, max_turns=3, max_tokens=None, make_env=None, tools=TOOLS):
@@ -330,7 +331,10 @@ class ChatPolicy:
     """Replies as text, each ended with the template's end-of-turn token: first a call, then the answer."""
 
     def __init__(self, tok, end_id):
-        self.tok, self.end_id = tok, end_id
+        self.tok, self.end_id, self.version = tok, end_id, -1
+
+    def load_weights(self, state, version):
+        self.version = version
 
     def generate(self, prompts, params):
         out = []

@@ -49,5 +49,9 @@ class ExploringGenerator:
     def version(self) -> int:
         return self.inner.version
 
+    @version.setter
+    def version(self, value: int) -> None:
+        self.inner.version = value
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # model, batch_size, ... of the wrapped backend

@@ -288,6 +288,10 @@ class LoraEngine:
     def version(self) -> int:
         return self.engine.version
 
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         return self.engine.generate(prompts, params)
 

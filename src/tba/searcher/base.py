@@ -102,11 +102,20 @@ class Searcher:
         self._timer = ScoringPool(1, reward_timeout) if reward_timeout is not None else None
         self.engine_s = 0.0  # seconds spent generating
         self.started: float | None = None  # first step
-        self.version = -1  # no weights loaded yet
         self.fetch_s = self.load_s = 0.0  # the latest weight update's: fetched from the store, loaded
         self.last_reward_mean = float("nan")
         self.stats = SearcherStats()
         self.reward_stats = RewardStats()
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the searcher generates with: its generator's, the one owner
+        (-1 before the first load)."""
+        return self.generator.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.generator.version = value
 
     def pull_weights(self) -> bool:
         """Load the newest published weights if they are newer than ours."""
@@ -116,9 +125,8 @@ class Searcher:
             return False
         version, state = newest
         fetched = time.perf_counter()
-        self._load(state, version)
+        self._load(state, version)  # the generator now holds ``version``
         self.fetch_s, self.load_s = fetched - start, time.perf_counter() - fetched
-        self.version = version
         if self.ref_reset_every and version // self.ref_reset_every > self.ref_epoch:
             self.reference.load_state_dict(state)  # data already in the buffer keeps its old ref_logps
             self.ref_epoch = version // self.ref_reset_every
