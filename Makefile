@@ -1,4 +1,5 @@
-# make demo: set up (once) and train the built-in demo.  make test: set up (once) and run the tests.
+# make demo: set up (once) and train the built-in demo.  make test: set up (once) and run the tests
+# (make test-fast: all but the end-to-end ones).
 # make lock: refresh constraints.txt, the pinned versions both install, and run the tests on them.
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +17,7 @@ COMPILED := $(VENV)/.compiled
 # minute of a 2-core set-up, and the demo starts only two Python processes. The test suite starts
 # dozens (CLI runs, Ray workers), so `make test` compiles the environment once, on every core.
 
-.PHONY: demo example test lint bench clean lock docs demo-models
+.PHONY: demo example test test-fast lint bench clean lock docs demo-models
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,11 @@ TEST_WORKERS ?= 2
 PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: $(COMPILED)
 	$(PYTEST)
+
+# The inner loop: every test but the end-to-end files (marked slow: runs of the CLI, Ray, vLLM engines,
+# the searcher-to-trainer loop), about a minute on 2 cores. `make test` runs everything.
+test-fast: $(COMPILED)
+	$(PYTEST) -m "not slow and not gpu"
 
 # The manual: docs/ as a site in site/ (mkdocs, strict: a broken link or a missing page fails); the
 # configuration reference is generated from the config's schema at each build.

@@ -11,6 +11,8 @@ import pytest
 
 from tba import allocator
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 def test_jemalloc_ships_with_ray():
     path = allocator.jemalloc_path()

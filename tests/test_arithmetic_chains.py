@@ -11,6 +11,8 @@ from tba.demo import shipped_index, tiny_model_path
 from tba.tasks import build_task
 from tba.tasks.arithmetic import ArithmeticTask
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 def test_chains_are_computed_left_to_right_with_their_worked_solution():
     task = ArithmeticTask(digits=1, eval_size=50, terms=5, show_work=True)

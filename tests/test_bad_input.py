@@ -19,6 +19,8 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 from tba.cli import main
 from tba.runtime.run_dir import check_run_dir, remove_unstarted
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 REWARDS = """
 def constant(completions, **kwargs):
     return [1.0] * len(completions)

@@ -14,6 +14,8 @@ from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics
 from tba.runtime.bounds import Starvation, StepGate
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 def test_the_replay_bound_counts_the_window_and_the_initial_fill():
     gate = StepGate(batch_samples=10, max_replay_ratio=2.0, window=3, max_lag=None)

@@ -37,6 +37,8 @@ from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.types import RolloutGroup
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 # ------------------------------------------------------------------ the format
 
 

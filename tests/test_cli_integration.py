@@ -16,6 +16,8 @@ from tests.conftest import SMALL_DEMO_ARGS
 from tba.metrics import read_metrics
 from tba.models.tiny import DEFAULT_SPEC
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 SMALL_DEMO = [
     *SMALL_DEMO_ARGS,
     "--eval.every=30",

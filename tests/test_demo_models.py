@@ -14,6 +14,8 @@ from tba.config import load_config
 from tba.models.tiny import DEFAULT_SPEC, TinySpec
 from tba.runtime.policy import resolve_model_path
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 CONFIGS = {None: "tiny-arithmetic", "configs/custom_task.yaml": "tiny-arithmetic", "configs/tools.yaml": "tiny-tools"}
 
 

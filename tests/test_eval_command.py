@@ -14,6 +14,8 @@ from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics
 from tba.runtime.sync_loop import run_sync
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 ARGS = [*SMALL_DEMO_ARGS, "--logging.progress=false", "--run.threads=1", "--eval.log_samples=2"]
 EVAL_KEYS = ("eval/accuracy", "eval/completion_len", "eval/problems")
 

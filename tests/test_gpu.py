@@ -19,6 +19,7 @@ from tba.runtime.policy import enable_gradient_checkpointing
 from tba.weights import LocalWeightStore
 
 pytestmark = [
+    pytest.mark.slow,  # end to end (make test-fast leaves it out)
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]

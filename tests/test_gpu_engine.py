@@ -18,6 +18,7 @@ from tests.conftest import SMALL_DEMO_ARGS, save_tiny_checkpoint
 from tba.models.tiny import TinySpec
 
 pytestmark = [
+    pytest.mark.slow,  # end to end (make test-fast leaves it out)
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]

@@ -22,6 +22,8 @@ from tba.errors import MissingDependency
 from tba.machine import cpu_model
 from tba.metrics import MetricsLogger, read_metrics
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 pytest.importorskip("wandb")
 pytest.importorskip("tensorboard")
 

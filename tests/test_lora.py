@@ -26,7 +26,10 @@ from peft import PeftModel, get_peft_model_state_dict  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 # PEFT's loader calls a method that transformers 5 deprecates; not this package's concern.
-pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning"),
+]  # slow: end to end (make test-fast leaves it out)
 
 LORA = [*SMALL_DEMO_ARGS, "--model.lora={r: 8, alpha: 16}", "--trainer.lr=2e-3", "--trainer.warmup_steps=0"]
 QUIET = ["--logging.progress=false", "--eval.limit=8", "--runtime.trainer_cpus=1"]

@@ -20,6 +20,8 @@ from tba.trainer import Trainer
 from tba.types import RolloutGroup
 from tba.weights import LocalWeightStore
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 # ---------------------------------------------------------------- task
 
 

@@ -22,6 +22,8 @@ from tba.runtime.build import build_components
 from tba.runtime.policy import load_trainer_policy
 from tba.weights import LocalWeightStore, to_host
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 CPU = torch.device("cpu")
 
 

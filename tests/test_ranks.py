@@ -31,6 +31,8 @@ from tba.trainer import loss_shares, rank_passes
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 def test_groups_are_split_whole_and_balanced_by_tokens():
     sizes = [40, 8, 8, 8, 8, 8, 8, 8]

@@ -19,6 +19,8 @@ from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender, Layout
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
 from tba.weights import BackgroundPublisher
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 def random_state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

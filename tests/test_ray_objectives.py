@@ -13,6 +13,8 @@ from tba.config import load_config
 from tba.metrics import read_metrics
 from tba.runtime.async_loop import run_ray
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 STEPS = 12
 
 

@@ -22,6 +22,8 @@ from tba.metrics import read_metrics
 from tba.plan import Plan
 from tba.runtime.async_loop import run_ray
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
 
 

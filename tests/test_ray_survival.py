@@ -11,9 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tests.conftest import SMALL_DEMO_ARGS
 
 from tba.metrics import read_metrics
+
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
 

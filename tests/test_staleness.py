@@ -17,6 +17,8 @@ from tba.runtime.sync_loop import run_sync
 from tba.types import RolloutGroup
 from tba.weights import DelayedWeights, LocalWeightStore, publications_to_keep
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 SYNC = ["--runtime.type=sync", *SMALL_DEMO_ARGS, "--logging.progress=false", "--run.threads=1"]
 
 

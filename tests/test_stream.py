@@ -13,6 +13,8 @@ from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.generation.stream import HFContinuousStream, HFRefillStream, hf_continuous_problem, open_stream
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 def _prompts(tokenizer) -> list[list[int]]:
     return [tokenizer(text)["input_ids"] for text in ("1+2=", "50-7=", "3=", "12+12=", "9-9=")]

@@ -16,6 +16,8 @@ from tba.metrics import read_metrics
 from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 REWARDS = """
 def length_bonus(completions, **kwargs):
     return [min(len(c[0]["content"]), 20) / 20 for c in completions]

@@ -22,6 +22,8 @@ from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.tasks.reward_model import SequenceScorer
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory):

@@ -29,6 +29,8 @@ from tba.tools import ToolError, load_tools
 from tba.types import EvalSettings
 from tba.weights import LocalWeightStore
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 TOOLS = ["tba.tasks.calculator:calculator"]
 
 

