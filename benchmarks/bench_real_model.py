@@ -20,7 +20,7 @@ steps; mean lag; the replay ratio; wall-clock. ``report`` prints one markdown ro
 step, mean over seeds) to ``--out``/curves.png (``curves_<N>steps.png`` with ``--steps N``);
 results accumulate in ``--out``/results.json (the machine in ``environment.json`` beside it).
 ``--extra`` adds overrides to every run (on a GPU: ``--extra=--run.device=cuda``;
-``benchmarks/gpu_real_model.sh`` runs the study there).
+``benchmarks/gpu/gpu_real_model.sh`` runs the study there).
 """
 
 from __future__ import annotations

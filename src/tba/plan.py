@@ -275,7 +275,7 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
     searchers get devices of their own. Where they would share the trainer's one device, the two
     take turns at least as fast as they run side by side: on 2 CPU cores the ray runtime ran SmolLM2
     with vLLM at 0.86x sync's speed, its trainer on one core taking twice sync's step
-    (benchmarks/README.md, "Weight publication"), and on one GPU at 0.51x ("On a GPU"); with HF
+    (benchmarks/results/weight_sync/README.md), and on one GPU at 0.51x (benchmarks/results/gpu/README.md); with HF
     generation on 2 cores the two were within 7% either way, and sync pays no staleness."""
     r, e = cfg.runtime, cfg.eval
     if e.async_:

@@ -39,7 +39,7 @@ class VLLMSettings(Section):
     publication, so it generates at the plain model's speed; ``adapter`` runs vLLM's own LoRA
     (``enable_lora``), loading each published adapter under a new id, so a publication moves the
     adapter alone whatever the model's size, at a cost per token (on a CPU, 0.45x HF's speed
-    against merged's 1.9x: ``benchmarks/README.md``, "A LoRA policy"). Either way the searchers
+    against merged's 1.9x: ``benchmarks/results/generation/README.md``, "A LoRA policy"). Either way the searchers
     receive the adapter only."""
 
     def memory_fraction(self, gpu_share: float | None) -> float:

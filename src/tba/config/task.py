@@ -45,7 +45,7 @@ class _TaskSection(Section):
     environment_workers: int = Field(128, ge=1)
     """Threads that run the conversations' environment steps (tool calls) of one turn side by side: a
     tool that waits (a sandbox, a remote service) waits beside the others. With a 0.2 s tool, 128
-    made the tool demo's sync steps 2.9x faster than 8 (``benchmarks/README.md``)."""
+    made the tool demo's sync steps 2.9x faster than 8 (``benchmarks/results/tools/README.md``)."""
 
     @model_validator(mode="after")
     def _check_turns(self) -> _TaskSection:

@@ -123,7 +123,7 @@ class BufferConfig(Section):
     against 1 for one with contrast; 0: flat groups only when no other recent prompt is left, 1:
     uniform. ``auto``: 0 in the ray runtime, where searchers deliver more recent prompts than a batch
     takes and this lets asynchronous TB learn as much per step as sync on sparse rewards
-    (benchmarks/README.md, "A real pretrained model"); 1 in sync, whose recent window is the step's
+    (benchmarks/results/real_model/README.md); 1 in sync, whose recent window is the step's
     own batch. Costs the pull toward the reference that flat groups carry."""
     min_groups: int | None = None
     """Groups to collect before the first step; default: one batch (trainer.batch_prompts)."""
@@ -212,8 +212,8 @@ class TrainerConfig(Section):
     ``tb``, 1.0 for the other objectives. TB's gradient is about 1/β times larger than the others'
     and varies a hundredfold between a batch with reward signal and one without (where it only
     pulls toward the reference); a clip of 1.0 binds on every TB step and gives both the same
-    size, which on a real model keeps asynchronous TB from learning (benchmarks/README.md, "A real
-    pretrained model"). Adam bounds each weight's step either way."""
+    size, which on a real model keeps asynchronous TB from learning (benchmarks/results/real_model/README.md).
+    Adam bounds each weight's step either way."""
 
     def clip_norm(self, objective: str) -> float | None:
         """The gradient-norm clip for ``objective`` (``objective.type``), ``auto`` resolved."""

@@ -75,7 +75,7 @@ most the positions, and the attention scores, of the padded pass over the same s
 sequence fits a row of the longest's width, rows are no wider than the padded batch), and short
 sequences share rows instead of padding to the longest. Wider rows leave less padding at their
 ends but waste attention across sequences: on a CPU, one row of 1,000-4,000 positions was slower
-than the padded batch on short, alike sequences and took more memory (benchmarks/README.md)."""
+than the padded batch on short, alike sequences and took more memory (benchmarks/results/packing/README.md)."""
 
 
 def row_tokens(model: torch.nn.Module, setting: int | str | None = "auto") -> int | str | None:
@@ -349,7 +349,7 @@ PACK_GAIN = 0.9
 """A pass is packed only if that computes at most this share of the padded pass's positions: a
 packed pass costs a little more per position (the mask built from the restarts, the gather of
 completion positions), which on sequences of like length (worked chains: 9% padding either way)
-made it 4-17% slower on a CPU (benchmarks/README.md, "Packed sequences")."""
+made it 4-17% slower on a CPU (benchmarks/results/packing/README.md)."""
 
 
 def worth_packing(prompt_lens: list[int], completion_lens: list[int], width: int | str | None) -> bool:

@@ -4,7 +4,7 @@
 # (benchmarks/bench_gpu.py), each step with its own time limit so a slow or broken one leaves the
 # rest standing. Run from the project root, with the wheels of ../shared/device/bundle.sh in .whl:
 #
-#   BUDGET=540 OUT=/tmp/gpu-list bash benchmarks/gpu_list.sh
+#   BUDGET=540 OUT=/tmp/gpu-list bash benchmarks/gpu/gpu_list.sh
 #
 # What it keeps lands in $OUT (at most eight files): env.txt, pytest_gpu.txt, demo.txt,
 # bench.txt, and runs.tar.gz (every run's metrics, summaries and logs; no weights).
@@ -19,7 +19,7 @@ DEVICE=${DEVICE:-cuda}
 DEMO_ARGS=${DEMO_ARGS:-}    # e.g. "--trainer.steps=20"
 BENCH_ARGS=${BENCH_ARGS:-}  # e.g. "--shape tiny --new-tokens 16" for a smoke run on a CPU
 mkdir -p "$work"
-. benchmarks/gpu_env.sh
+. benchmarks/gpu/gpu_env.sh
 
 # 1. the gpu tests, while the 0.5B model is built on the CPU
 $PY benchmarks/bench_gpu.py --out "$work/bench" --device $DEVICE $BENCH_ARGS --build-only > "$work/build.txt" 2>&1 &

@@ -5,7 +5,7 @@
 # the demo in the ray runtime with batch and with streaming searchers. Run from the project root
 # with the wheels of ../shared/device/bundle.sh in .whl and the demo's model in .gpucache:
 #
-#   BUDGET=540 OUT=/tmp/gpu-streaming bash benchmarks/gpu_streaming.sh
+#   BUDGET=540 OUT=/tmp/gpu-streaming bash benchmarks/gpu/gpu_streaming.sh
 #
 # SKIP_PYTEST=1 leaves the tests out; HF_STREAM=refill measures refill batches instead of
 # transformers' continuous batching; SECONDS_PER_WAY (default 60) per way of the engine bench;
@@ -17,7 +17,7 @@ SECONDS_PER_WAY=${SECONDS_PER_WAY:-60}
 start=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - start))); }
 mkdir -p "$OUT"
-. benchmarks/gpu_env.sh
+. benchmarks/gpu/gpu_env.sh
 
 if [ -z "${SKIP_PYTEST:-}" ]; then
   echo "== pytest -m gpu ($(left) s left)"

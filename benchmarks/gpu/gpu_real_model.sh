@@ -13,7 +13,7 @@
 #   cp gguf-*.whl .m1/     # pip download gguf --no-deps
 #   # call 1, carry [".whl", ".m1"]: mkdir -p /tmp/parts && cp .m1/* /tmp/parts/   (and the gpu tests)
 #   # call 2, carry [".m2"]:         cp .m2/* /tmp/parts/
-#   # call 3, carry [".m3"]:         cp .m3/* /tmp/parts/ && BUDGET=480 OUT=$OUT bash benchmarks/gpu_real_model.sh
+#   # call 3, carry [".m3"]:         cp .m3/* /tmp/parts/ && BUDGET=480 OUT=$OUT bash benchmarks/gpu/gpu_real_model.sh
 #
 # What it keeps lands in $OUT: env.txt, real_model.txt (progress and the table), results-*.json
 # (one per config, bench_real_model.py's rows) and runs.tar.gz (every run's metrics and summary).
