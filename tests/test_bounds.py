@@ -12,6 +12,7 @@ from tests.numerics import assert_reordered_close
 
 from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics
+from tba.plan.auto import lag_bound
 from tba.runtime.bounds import Starvation, StepGate
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
@@ -70,8 +71,8 @@ def test_max_lag_below_the_sync_interval_is_refused_and_auto_follows_it():
     with pytest.raises(ConfigError, match=r"runtime.max_lag=2 is below trainer.sync_interval=3"):
         load_config(None, ["--runtime.max_lag=2", "--trainer.sync_interval=3"])
     cfg = load_config(None, ["--trainer.sync_interval=3"])
-    assert cfg.runtime.max_lag == "auto" and cfg.runtime.lag_bound(3) == 12
-    assert load_config(None, ["--runtime.max_lag=null"]).runtime.lag_bound(1) is None
+    assert cfg.runtime.max_lag == "auto" and lag_bound(cfg.runtime, 3) == 12
+    assert lag_bound(load_config(None, ["--runtime.max_lag=null"]).runtime, 1) is None
 
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_task" / "problems.jsonl"

@@ -10,6 +10,7 @@ import yaml
 
 from tba.cli import main
 from tba.config import Config, ConfigError, dump_config, load_config, parse_overrides
+from tba.plan.auto import flat_weight
 
 
 def write_yaml(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
@@ -135,9 +136,9 @@ def test_typed_values_from_overrides() -> None:
 def test_flat_weight_auto_is_zero_in_ray_and_one_in_sync() -> None:
     cfg = load_config(None)
     assert cfg.buffer.flat_weight == "auto"
-    assert cfg.buffer.resolved_flat_weight("ray") == 0.0 and cfg.buffer.resolved_flat_weight("sync") == 1.0
+    assert flat_weight(cfg.buffer, "ray") == 0.0 and flat_weight(cfg.buffer, "sync") == 1.0
     explicit = load_config(None, ["--buffer.flat_weight=0.25"]).buffer
-    assert explicit.resolved_flat_weight("ray") == explicit.resolved_flat_weight("sync") == 0.25
+    assert flat_weight(explicit, "ray") == flat_weight(explicit, "sync") == 0.25
     for bad in ("1.5", "-0.1", "nan"):
         with pytest.raises(ConfigError, match=r"flat_weight is a relative weight in \[0, 1\] or 'auto'"):
             load_config(None, [f"--buffer.flat_weight={bad}"])

@@ -168,7 +168,7 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
 
     def streams(*args, device="cuda"):  # the ray runtime unless the arguments say sync
         cfg = load_config(None, ["--runtime.type=ray", *args])
-        return cfg.generation.streams(cfg.runtime.type, device)
+        return streams(cfg.generation, cfg.runtime.type, device)
 
     # auto: the ray runtime streams long completions on vLLM or a GPU; true and false are kept as given
     assert streams("--generation.max_new_tokens=256") and not streams("--generation.max_new_tokens=255")

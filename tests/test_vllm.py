@@ -104,11 +104,12 @@ def test_the_engine_keeps_the_thread_count_its_process_set(measured):
 
 def test_engine_memory_is_a_share_of_the_processs_gpu_share():
     from tba.config import VLLMSettings
+    from tba.plan.auto import engine_memory_fraction
 
-    assert VLLMSettings().memory_fraction(0.5) == 0.375  # two searchers on one GPU: 3/4 of each half
-    assert VLLMSettings().memory_fraction(2.0) == 0.75  # an engine uses one GPU
-    assert VLLMSettings().memory_fraction(None) == 0.35  # beside the trainer (sync runtime)
-    assert VLLMSettings(gpu_memory_utilization=0.6).memory_fraction(0.5) == 0.6
+    assert engine_memory_fraction(VLLMSettings(), 0.5) == 0.375  # two searchers on one GPU: 3/4 of each half
+    assert engine_memory_fraction(VLLMSettings(), 2.0) == 0.75  # an engine uses one GPU
+    assert engine_memory_fraction(VLLMSettings(), None) == 0.35  # beside the trainer (sync runtime)
+    assert engine_memory_fraction(VLLMSettings(gpu_memory_utilization=0.6), 0.5) == 0.6
     with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.6 is more than a searcher's share.*0.5"):
         load_config(
             None,

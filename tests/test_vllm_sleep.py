@@ -14,6 +14,7 @@ from tba.config import ConfigError, VLLMSettings, load_config
 from tba.generation import vllm_backend
 from tba.generation.base import SamplingParams
 from tba.generation.vllm_backend import VLLMGenerator
+from tba.plan.auto import engine_sleeps
 
 
 class RecordingEngine:
@@ -122,7 +123,7 @@ def test_an_engine_without_sleep_never_sleeps_or_wakes():
     ],
 )
 def test_sleep_is_on_by_default_only_for_an_engine_in_the_trainers_process_on_cuda(setting, device, share, expected):
-    assert VLLMSettings(sleep=setting).sleeps(device, share) is expected
+    assert engine_sleeps(VLLMSettings(sleep=setting), device, share) is expected
 
 
 def test_sleep_on_a_cpu_is_refused_before_anything_starts():

@@ -42,20 +42,6 @@ class VLLMSettings(Section):
     against merged's 1.9x: ``benchmarks/results/generation/README.md``, "A LoRA policy"). Either way the searchers
     receive the adapter only."""
 
-    def memory_fraction(self, gpu_share: float | None) -> float:
-        """The engine's ``gpu_memory_utilization`` in a process given ``gpu_share`` of a GPU (None:
-        a process that shares its GPU with the trainer)."""
-        if self.gpu_memory_utilization is not None:
-            return self.gpu_memory_utilization
-        return 0.75 * min(gpu_share, 1.0) if gpu_share else 0.35
-
-    def sleeps(self, device_type: str, gpu_share: float | None) -> bool:
-        """Whether an engine on ``device_type`` given ``gpu_share`` of a GPU (None: it shares the
-        trainer's process and GPU) uses sleep mode."""
-        if self.sleep is not None:
-            return self.sleep
-        return device_type == "cuda" and gpu_share is None
-
 
 class GenerationConfig(Section):
     backend: Literal["hf", "vllm"] = "hf"
@@ -119,16 +105,6 @@ class GenerationConfig(Section):
     reward_workers: int = Field(4, ge=1)
     """With ``stream``: threads that score the groups leaving the engine while it goes on (reward
     functions must be thread-safe above 1)."""
-
-    def streams(self, runtime: str, device_type: str) -> bool:
-        """``stream`` with ``auto`` resolved for ``runtime`` (``runtime.type``) on ``device_type``."""
-        if self.stream != "auto":
-            return self.stream
-        # HF's continuous batching on a CPU attends over every sequence in flight at once (a packed
-        # row, a block-diagonal mask): slower than padded batches there
-        engine = self.backend == "vllm" or device_type == "cuda"
-        long = self.max_new_tokens >= 256
-        return runtime == "ray" and engine and long and self.explore_prob == 0 and self.vllm.sleep is not True
 
     @model_validator(mode="after")
     def _check_samples(self) -> GenerationConfig:

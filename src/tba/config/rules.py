@@ -74,9 +74,8 @@ def check_runtime(cfg) -> None:
             "run.resume with runtime.extra_lag: the delayed weights the searcher would load next are not "
             "in the checkpoint; start the run afresh"
         )
-    k = cfg.trainer.sync_interval
-    lag = cfg.runtime.lag_bound(k)
-    if lag is not None and lag < k:
+    k, lag = cfg.trainer.sync_interval, cfg.runtime.max_lag
+    if isinstance(lag, int) and lag < k:  # (auto is 4 x sync_interval: tba.plan.auto.lag_bound)
         raise ValueError(
             f"runtime.max_lag={lag} is below trainer.sync_interval={k}: searchers only get weights every {k} "
             f"steps, so the trainer would wait for weights it has not published; raise max_lag to at least {k} "

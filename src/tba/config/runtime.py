@@ -86,10 +86,6 @@ class RuntimeConfig(Section):
     is left out until it delivers again). At least ``trainer.sync_interval``. ``auto``: 4 ×
     ``trainer.sync_interval``. None: no bound."""
 
-    def lag_bound(self, sync_interval: int) -> int | None:
-        """``max_lag`` in versions, ``auto`` resolved."""
-        return 4 * sync_interval if self.max_lag == "auto" else self.max_lag
-
     weight_transport: Literal["auto", "object_store", "broadcast"] = "auto"
     """How published weights reach the searchers (``ray`` runtime): ``object_store`` (Ray's object
     store; a searcher on the trainer's machine maps them in place), ``broadcast`` (a gloo group of

@@ -135,12 +135,6 @@ class BufferConfig(Section):
     whose groups were all dropped (empty completions, failed rewards) is skipped and counted
     (``train/empty_steps``)."""
 
-    def resolved_flat_weight(self, runtime: str) -> float:
-        """``flat_weight`` with ``auto`` resolved for ``runtime`` (``runtime.type``)."""
-        if self.flat_weight == "auto":
-            return 0.0 if runtime == "ray" else 1.0
-        return self.flat_weight
-
     @field_validator("flat_weight")
     @classmethod
     def _flat_weight_in_range(cls, value):

@@ -40,6 +40,7 @@ from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plan import Plan, actor_gpu_shares, runtime_config
+from tba.plan.auto import lag_bound
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.broadcast import BroadcastSender
@@ -295,7 +296,7 @@ def _train(
     trainer, batch = c.trainer, cfg.trainer.batch_prompts
     startup = startup or StartUp(time.time())
     t = cfg.trainer
-    lag = cfg.runtime.lag_bound(t.sync_interval)
+    lag = lag_bound(cfg.runtime, t.sync_interval)
     gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, t.replay_window, lag)
     starved = Starvation()
     min_groups = cfg.buffer.min_groups or batch

@@ -29,6 +29,7 @@ from tba.models.lora import (
 )
 from tba.models.precision import Precision
 from tba.plan import Plan, make_plan
+from tba.plan.auto import engine_memory_fraction, engine_sleeps
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
 from tba.runtime.preflight import check_models, make_task, policy_tokenizer, prepare_task
 from tba.runtime.ranks import RankGroup
@@ -112,8 +113,8 @@ def make_generator(
         trust_remote_code=cfg.model.trust_remote_code,
         **{  # the engine settings, named as the generator names them
             **settings.model_dump(exclude={"lora"}),
-            "gpu_memory_utilization": settings.memory_fraction(gpu_share),
-            "sleep": settings.sleeps(device.type, gpu_share),
+            "gpu_memory_utilization": engine_memory_fraction(settings, gpu_share),
+            "sleep": engine_sleeps(settings, device.type, gpu_share),
         },
         lora_rank=cfg.model.lora.r if cfg.model.lora is not None and settings.lora == "adapter" else None,
     )

@@ -23,6 +23,7 @@ import torch
 
 from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
+from tba.plan.auto import flat_weight, lag_bound, streams
 
 __all__ = ["Hardware", "Plan", "make_plan", "resolve_runtime"]
 
@@ -262,7 +263,7 @@ def stream_kind(cfg: Config, device: str) -> str:
     ``hf_refill``); HF's continuous batching may still fall back to refills when the model cannot
     serve it (said when the searcher is built)."""
     g = cfg.generation
-    if cfg.task.multi_turn or not g.streams(cfg.runtime.type, "cuda" if device.startswith("cuda") else "cpu"):
+    if cfg.task.multi_turn or not streams(g, cfg.runtime.type, "cuda" if device.startswith("cuda") else "cpu"):
         return "batch"
     if g.backend == "vllm":
         return "vllm"
@@ -389,9 +390,9 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         if ray_runtime
         else "in_process",
         stream=stream_kind(cfg, device),
-        lag_bound=r.lag_bound(cfg.trainer.sync_interval) if ray_runtime else None,
+        lag_bound=lag_bound(r, cfg.trainer.sync_interval) if ray_runtime else None,
         extra_lag=r.extra_lag,
-        flat_weight=cfg.buffer.resolved_flat_weight(r.type),
+        flat_weight=flat_weight(cfg.buffer, r.type),
         trust_region=o.trust_region if o.type == "tb" else None,
         grad_clip=cfg.trainer.clip_norm(o.type),
         sampler_logprobs=logprobs,

@@ -1,0 +1,26 @@
+"""The run plan: every decision a run takes from its config and the machine, resolved once at start
+(:mod:`tba.plan.core`), by the rules for each setting left at ``auto`` (:mod:`tba.plan.auto`)."""
+
+from tba.hardware import Hardware
+from tba.plan.core import (
+    PLAN_FILE,
+    Plan,
+    actor_gpu_shares,
+    builtin_setting,
+    driver_holds_gpu,
+    make_plan,
+    resolve_runtime,
+    runtime_config,
+)
+
+__all__ = [
+    "PLAN_FILE",
+    "Hardware",
+    "Plan",
+    "actor_gpu_shares",
+    "builtin_setting",
+    "driver_holds_gpu",
+    "make_plan",
+    "resolve_runtime",
+    "runtime_config",
+]

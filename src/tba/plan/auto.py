@@ -1,0 +1,52 @@
+"""The rules that decide a setting left at ``auto`` from the rest of the config and the machine.
+
+The run plan (:func:`tba.plan.core.make_plan`) and the builders call them; a config section only
+holds what the user asked for. Each rule says why it decides as it does.
+"""
+
+from __future__ import annotations
+
+from tba.config import BufferConfig, GenerationConfig, RuntimeConfig, VLLMSettings
+
+
+def engine_memory_fraction(settings: VLLMSettings, gpu_share: float | None) -> float:
+    """A vLLM engine's ``gpu_memory_utilization`` in a process given ``gpu_share`` of a GPU (None: a
+    process that shares its GPU with the trainer): three quarters of its share (the rest holds the
+    searcher's reference model), 0.35 beside the trainer."""
+    if settings.gpu_memory_utilization is not None:
+        return settings.gpu_memory_utilization
+    return 0.75 * min(gpu_share, 1.0) if gpu_share else 0.35
+
+
+def engine_sleeps(settings: VLLMSettings, device_type: str, gpu_share: float | None) -> bool:
+    """Whether a vLLM engine on ``device_type`` given ``gpu_share`` of a GPU (None: it shares the
+    trainer's process and GPU) uses sleep mode: only where it shares the trainer's GPU."""
+    if settings.sleep is not None:
+        return settings.sleep
+    return device_type == "cuda" and gpu_share is None
+
+
+def streams(generation: GenerationConfig, runtime: str, device_type: str) -> bool:
+    """``generation.stream`` for ``runtime`` (``runtime.type``) on ``device_type``: a stream where an
+    engine serves long completions in the ray runtime."""
+    if generation.stream != "auto":
+        return generation.stream
+    # HF's continuous batching on a CPU attends over every sequence in flight at once (a packed
+    # row, a block-diagonal mask): slower than padded batches there
+    engine = generation.backend == "vllm" or device_type == "cuda"
+    long = generation.max_new_tokens >= 256
+    return runtime == "ray" and engine and long and generation.explore_prob == 0 and generation.vllm.sleep is not True
+
+
+def flat_weight(buffer: BufferConfig, runtime: str) -> float:
+    """``buffer.flat_weight`` for ``runtime``: groups with reward contrast first (0) in the ray
+    runtime, where searchers outpace the trainer and the recent window holds more than a batch;
+    uniform (1) in sync."""
+    if buffer.flat_weight == "auto":
+        return 0.0 if runtime == "ray" else 1.0
+    return buffer.flat_weight
+
+
+def lag_bound(runtime: RuntimeConfig, sync_interval: int) -> int | None:
+    """``runtime.max_lag`` in versions: 4 x ``trainer.sync_interval`` for ``auto``."""
+    return 4 * sync_interval if runtime.max_lag == "auto" else runtime.max_lag
