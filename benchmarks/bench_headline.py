@@ -30,6 +30,7 @@ from pathlib import Path
 from tba.config import load_config
 from tba.machine import describe_machine, machine_line
 from tba.metrics import read_metrics
+from tba.plan.auto import stale_by_design, tb_trust_region
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
@@ -72,7 +73,8 @@ def outcome(summary: dict, metric: str) -> dict:
 
 def band(run_dir: Path) -> str:
     """The band the run trained with, ``auto`` resolved from its saved config ("none": plain TB)."""
-    return str(load_config(run_dir / "config.yaml", []).objective.trust_region).lower()
+    cfg = load_config(run_dir / "config.yaml", [])
+    return str(tb_trust_region(cfg.objective, stale_by_design(cfg))).lower()
 
 
 def sampled(run_dir: Path) -> dict:

@@ -52,12 +52,17 @@ def test_the_start_is_the_first_evaluation_and_other_metrics_fall_at_any_drop():
 
 def test_the_advice_after_a_fall_names_the_sequence_band_for_plain_trajectory_balance():
     from tba.config import load_config
+    from tba.plan import Hardware, make_plan
     from tba.runtime.health import BAND, LOWER_LR, remedy
 
-    assert remedy(load_config(None, ["--objective.tb_trust_region=null"]).objective) == BAND
-    assert remedy(load_config(None, ["--runtime.type=sync"]).objective) == BAND  # auto: plain TB in sync
-    assert remedy(load_config(None, ["--objective.type=grpo"]).objective) == LOWER_LR
-    assert remedy(load_config(None, []).objective) == LOWER_LR  # the band is TB's default
-    assert remedy(load_config(None, ["--objective.tb_trust_region=0.2"]).objective) == LOWER_LR
+    def advice(overrides: list[str]) -> str:
+        plan = make_plan(load_config(None, overrides), Hardware(cpus=16, gpus=4, bf16=True))
+        return remedy(plan.objective, plan.trust_region)
+
+    assert advice(["--objective.tb_trust_region=null"]) == BAND
+    assert advice(["--runtime.type=sync"]) == BAND  # auto: plain TB in sync
+    assert advice(["--objective.type=grpo"]) == LOWER_LR
+    assert advice([]) == LOWER_LR  # the band is TB's default (auto: ray on four GPUs)
+    assert advice(["--objective.tb_trust_region=0.2"]) == LOWER_LR
     watch = FallWatch("eval/accuracy", 0.5, problems=256, advice=BAND)
     assert watch.observe(10, {"eval/accuracy": 0.1}).endswith(BAND)

@@ -309,10 +309,10 @@ def test_every_objective_trains_from_searcher_data(tokenizer, objective):
     trainer = Trainer(policy, buffer, weights, cfg, obj, 4, tokenizer.pad_token_id, eos, max_new_tokens=4)
     trainer.publish()
     searcher = make_searcher(reference, tokenizer, task, weights, n=4, prompts=4)
-    searcher.params = SamplingParams(n=4, temperature=1.0, max_new_tokens=4, logprobs=obj.needs_sampler_logps)
+    searcher.params = SamplingParams(n=4, temperature=1.0, max_new_tokens=4, logprobs=trainer.sampler_logps)
     for step in range(4):
         groups = searcher.step()
-        if obj.needs_sampler_logps:
+        if trainer.sampler_logps:
             assert all(g.sampler_token_logps is not None for g in groups)
             assert all(
                 len(t) == len(c) for g in groups for t, c in zip(g.sampler_token_logps, g.completions, strict=True)

@@ -8,6 +8,7 @@ import torch
 
 from tba.config import ConfigError, load_config
 from tba.plan import Hardware, Plan, make_plan
+from tba.plan.auto import stale_by_design, tb_trust_region
 
 TWO_CORES = Hardware(cpus=2)
 ONE_H100 = Hardware(cpus=16, gpus=1, bf16=True)
@@ -103,9 +104,12 @@ def test_each_runtimes_entry_point_runs_its_own_runtime_with_auto_resolved():
     from tba.plan import runtime_config
 
     cfg = runtime_config(load_config(None, []), "sync", TWO_CORES)  # what run_sync trains with
-    assert cfg.runtime.type == "sync" and cfg.objective.trust_region is None  # the band follows the runtime
+    assert (
+        cfg.runtime.type == "sync" and tb_trust_region(cfg.objective, stale_by_design(cfg)) is None
+    )  # the band follows the runtime
     four = Hardware(cpus=16, gpus=4, bf16=True)
-    assert runtime_config(load_config(None, []), "ray", four).objective.trust_region == 0.5
+    ray = runtime_config(load_config(None, []), "ray", four)
+    assert tb_trust_region(ray.objective, stale_by_design(ray)) == 0.5
     with pytest.raises(ConfigError, match=r"auto chose sync \(searchers would share .*set runtime.type=ray"):
         runtime_config(load_config(None, []), "ray", TWO_CORES)
     with pytest.raises(ConfigError, match="runtime.type=ray, and this is the sync runtime's entry point"):

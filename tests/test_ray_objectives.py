@@ -11,6 +11,7 @@ from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
+from tba.plan.auto import needs_sampler_logps, stale_by_design, tb_trust_region
 from tba.runtime.async_loop import run_ray
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
@@ -69,7 +70,7 @@ def test_every_objective_trains_asynchronously(tmp_path, ray_session, overrides)
 
     rollouts = stored_rollouts(run_dir, STEPS)
     # the sampler's per-token log-probs are recorded exactly when the objective needs them
-    needs = cfg.objective.needs_sampler_logps
+    needs = needs_sampler_logps(cfg.objective, tb_trust_region(cfg.objective, stale_by_design(cfg)))
     assert rollouts and all((r.sampler_token_logps is not None) == needs for r in rollouts)
     if needs:
         assert all(len(r.sampler_token_logps) == len(r.completion) for r in rollouts), "one per token"

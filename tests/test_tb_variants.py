@@ -13,6 +13,8 @@ from tests.test_tis import batch_and_trainer, reorder_terms
 
 from tba.config import ConfigError, ObjectiveConfig, load_config
 from tba.objectives import huber_square, m2_keep, normalised_ess, tb_loss, tb_trust_region_keep
+from tba.plan.auto import grad_clip as auto_grad_clip
+from tba.plan.auto import needs_sampler_logps, stale_by_design, tb_trust_region
 
 T = torch.tensor
 
@@ -170,7 +172,7 @@ def assert_same_adam_step(variant, plain, trainer, start, lr: float = 1e-3) -> N
 def test_on_policy_the_variants_take_the_plain_tb_step(tokenizer, setting):
     plain, _, _, _ = _step(tokenizer, PLAIN, 0.0)
     variant, metrics, trainer, start = _step(tokenizer, ObjectiveConfig(type="tb", beta=0.1, **setting), 0.0)
-    assert trainer.objective.needs_sampler_logps
+    assert trainer.sampler_logps
     assert plain.abs().max() > 0
     assert_same_adam_step(variant, plain, trainer, start)
     if "tb_ess_lr" in setting:
@@ -221,7 +223,7 @@ def test_tb_steps_unclipped_by_default_and_clipped_when_asked(tokenizer):
 
     def first_moment(grad_clip):
         trainer, batch = batch_and_trainer(tokenizer, PLAIN, shift=0.0)
-        trainer.cfg = trainer.cfg.model_copy(update={"grad_clip": grad_clip})
+        trainer.grad_clip = auto_grad_clip(trainer.cfg.model_copy(update={"grad_clip": grad_clip}), "tb")
         metrics = trainer.update(batch)
         params = [p for p in trainer.model.parameters() if p.requires_grad]
         moment = torch.cat([trainer.optimizer.state[p]["exp_avg"].flatten() for p in params])
@@ -246,17 +248,24 @@ def test_variants_are_tb_settings():
         load_config(None, ["--objective.type=grpo", "--objective.tb_trust_region=0.2"])
     with pytest.raises(ConfigError, match="tb_trust_region must be positive"):
         load_config(None, ["--objective.tb_trust_region=0"])
+
     # the default: the sequence band for tb, nothing for the others (no error either)
-    assert load_config(None, []).objective.trust_region == 0.5
-    assert load_config(None, []).objective.tb_trust_region_sequence
-    assert load_config(None, ["--objective.type=grpo"]).objective.trust_region is None
-    # the ray runtime (the default) and sync with lagging searchers: the band; sync on-policy: plain TB
-    assert load_config(None, ["--runtime.type=sync", "--runtime.extra_lag=2"]).objective.trust_region == 0.5
-    on_policy = load_config(None, ["--runtime.type=sync"]).objective
-    assert on_policy.trust_region is None and not on_policy.needs_sampler_logps
-    assert load_config(None, ["--runtime.type=sync", "--objective.tb_trust_region=0.2"]).objective.trust_region == 0.2
-    assert not ObjectiveConfig(type="online_dpo").needs_sampler_logps
-    plain = load_config(None, ["--objective.tb_trust_region=null"]).objective
-    assert plain.trust_region is None and not plain.needs_sampler_logps
-    assert not ObjectiveConfig(type="tb", tb_huber=1.0, tb_trust_region=None).needs_sampler_logps  # the residual alone
-    assert ObjectiveConfig(type="tb", tb_m2_threshold=0.04).needs_sampler_logps
+    def band(overrides: list[str]) -> float | None:
+        cfg = load_config(None, overrides)
+        return tb_trust_region(cfg.objective, stale_by_design(cfg))
+
+    def needs(objective: ObjectiveConfig, stale: bool = True) -> bool:
+        return needs_sampler_logps(objective, tb_trust_region(objective, stale))
+
+    assert band([]) == 0.5 and load_config(None, []).objective.tb_trust_region_sequence
+    assert band(["--objective.type=grpo"]) is None
+    # the ray runtime and sync with lagging searchers: the band; sync on-policy: plain TB
+    assert band(["--runtime.type=ray"]) == band(["--runtime.type=sync", "--runtime.extra_lag=2"]) == 0.5
+    assert band(["--runtime.type=sync"]) is None
+    assert not needs(load_config(None, ["--runtime.type=sync"]).objective, stale=False)
+    assert band(["--runtime.type=sync", "--objective.tb_trust_region=0.2"]) == 0.2
+    assert not needs(ObjectiveConfig(type="online_dpo"))
+    assert band(["--objective.tb_trust_region=null"]) is None
+    assert not needs(ObjectiveConfig(type="tb", tb_trust_region=None))
+    assert not needs(ObjectiveConfig(type="tb", tb_huber=1.0, tb_trust_region=None))  # the residual alone
+    assert needs(ObjectiveConfig(type="tb", tb_m2_threshold=0.04, tb_trust_region=None))

@@ -13,6 +13,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, ObjectiveConfig, TrainerConfig, load_config
 from tba.models.logprobs import token_logprobs
 from tba.objectives import grpo_loss, rloo_loss, sampler_mismatch, sequence_is_weights, truncated_is_weights
+from tba.plan.auto import needs_sampler_logps
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
@@ -89,8 +90,8 @@ def test_tis_cap_is_for_ratio_objectives_and_turns_on_sampler_logps_for_rloo():
         load_config(None, ["--objective.tis_cap=2"])
     with pytest.raises(ConfigError, match="tis_cap"):
         load_config(None, ["--objective.type=grpo", "--objective.tis_cap=0.5"])
-    assert ObjectiveConfig(type="rloo", tis_cap=2.0).needs_sampler_logps
-    assert not ObjectiveConfig(type="rloo").needs_sampler_logps
+    assert needs_sampler_logps(ObjectiveConfig(type="rloo", tis_cap=2.0), None)
+    assert not needs_sampler_logps(ObjectiveConfig(type="rloo"), None)
 
 
 def batch_and_trainer(tokenizer, objective: ObjectiveConfig, shift: float):

@@ -36,15 +36,6 @@ class Config(Section):
         return data
 
     @model_validator(mode="after")
-    def _objective_knows_its_staleness(self) -> Config:
-        # tb_trust_region auto: the band where the searchers' weights lag by design. In the sync
-        # runtime it steadied small batches but cost the tool demo 4.5 points
-        # (benchmarks/results/async_regimes/README.md)
-        # (auto: the run plan resolves the runtime and validates the config again)
-        self.objective._stale_by_design = self.runtime.type != "sync" or self.runtime.extra_lag > 0
-        return self
-
-    @model_validator(mode="after")
     def _check_batches(self) -> Config:
         """Batch and buffer sizes that fit together."""
         check_batches(self)

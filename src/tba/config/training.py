@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tba.config.section import Section
 
@@ -85,26 +85,6 @@ class ObjectiveConfig(Section):
         if isinstance(value, float | int) and not value > 0:
             raise ValueError(f"tb_trust_region must be positive, None (plain TB) or 'auto', got {value}")
         return value
-
-    # whether the runtime trains on data stale by design (set by Config from the runtime section)
-    _stale_by_design: bool = PrivateAttr(True)
-
-    @property
-    def trust_region(self) -> float | None:
-        """``tb_trust_region`` with ``auto`` resolved: 0.5 for ``tb`` on data stale by design, else None."""
-        if self.tb_trust_region == "auto":
-            return 0.5 if self.type == "tb" and self._stale_by_design else None
-        return self.tb_trust_region
-
-    @property
-    def needs_sampler_logps(self) -> bool:
-        """Whether searchers must record the sampling policy's per-token log-probs."""
-        tb_variant = self.trust_region is not None or self.tb_m2_threshold is not None or self.tb_ess_lr
-        return (
-            self.type in ("grpo", "dr_grpo", "ppo")
-            or (self.type == "rloo" and (self.rloo_proximal or self.tis_cap is not None))
-            or (self.type == "tb" and tb_variant)
-        )
 
 
 class BufferConfig(Section):
@@ -208,12 +188,6 @@ class TrainerConfig(Section):
     pulls toward the reference); a clip of 1.0 binds on every TB step and gives both the same
     size, which on a real model keeps asynchronous TB from learning (benchmarks/results/real_model/README.md).
     Adam bounds each weight's step either way."""
-
-    def clip_norm(self, objective: str) -> float | None:
-        """The gradient-norm clip for ``objective`` (``objective.type``), ``auto`` resolved."""
-        if self.grad_clip == "auto":
-            return None if objective == "tb" else 1.0
-        return self.grad_clip
 
     @field_validator("packing_row_tokens")
     @classmethod

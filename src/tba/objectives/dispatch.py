@@ -23,17 +23,22 @@ def objective_loss(
     beta: float,
     group_size: int,
     max_tokens: int,
+    trust_region: float | None = None,
+    sampler_logps: bool = False,
     log_w: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The objective ``o`` configures on one micro-batch of whole groups: ``token_logp`` and ``mask``
     ``[N, T]`` (the policy's, with gradient), ``logp`` their sums, ``ref`` and ``reward`` ``[N]``,
     the ``rollouts`` they came from (the sampler's token log-probs, when the objective needs them),
-    ``group_size`` K, ``max_tokens`` Dr. GRPO's constant. ``log_w``: with ``objective.tb_ess_lr``,
+    ``group_size`` K, ``max_tokens`` Dr. GRPO's constant. ``trust_region``: TB's band, resolved
+    (:func:`tba.plan.auto.tb_trust_region`); ``sampler_logps``: whether the rollouts carry the
+    sampler's token log-probs the objective uses (:func:`tba.plan.auto.needs_sampler_logps`).
+    ``log_w``: with ``objective.tb_ess_lr``,
     the sequences' log importance weights are appended to it (the step scales its learning rate
     by their effective sample size)."""
     k = group_size
     if o.type == "tb":
-        sampler = sampler_token_logps(rollouts, mask) if o.needs_sampler_logps else None
+        sampler = sampler_token_logps(rollouts, mask) if sampler_logps else None
         if o.tb_ess_lr and log_w is not None:  # the sequences' log importance weights, for the step's lr
             log_w.append(((token_logp.detach() - sampler) * mask).sum(1))
         loss, m = tb_loss(
@@ -46,7 +51,7 @@ def objective_loss(
             sampler_token_logp=sampler,
             token_logp=token_logp,
             mask=mask,
-            trust_region=o.trust_region,
+            trust_region=trust_region,
             trust_region_sequence=o.tb_trust_region_sequence,
             m2_threshold=o.tb_m2_threshold,
             huber=o.tb_huber,
@@ -57,7 +62,7 @@ def objective_loss(
     if o.type == "online_dpo":
         contrast = [not is_flat([r.reward for r in rollouts[i : i + k]]) for i in range(0, len(rollouts), k)]
         return online_dpo_loss(logp, ref, reward, beta, k, contrast=contrast)
-    if o.type == "rloo" and not o.needs_sampler_logps:
+    if o.type == "rloo" and not sampler_logps:
         return rloo_loss(logp, ref, reward, beta, k)
     sampler = sampler_token_logps(rollouts, mask)  # [G*K, T]
     current = token_logp.detach()  # the trainer's log-probs at the step's start

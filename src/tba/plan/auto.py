@@ -6,7 +6,15 @@ holds what the user asked for. Each rule says why it decides as it does.
 
 from __future__ import annotations
 
-from tba.config import BufferConfig, GenerationConfig, RuntimeConfig, VLLMSettings
+from tba.config import (
+    BufferConfig,
+    Config,
+    GenerationConfig,
+    ObjectiveConfig,
+    RuntimeConfig,
+    TrainerConfig,
+    VLLMSettings,
+)
 
 
 def engine_memory_fraction(settings: VLLMSettings, gpu_share: float | None) -> float:
@@ -50,3 +58,40 @@ def flat_weight(buffer: BufferConfig, runtime: str) -> float:
 def lag_bound(runtime: RuntimeConfig, sync_interval: int) -> int | None:
     """``runtime.max_lag`` in versions: 4 x ``trainer.sync_interval`` for ``auto``."""
     return 4 * sync_interval if runtime.max_lag == "auto" else runtime.max_lag
+
+
+def stale_by_design(cfg: Config) -> bool:
+    """Whether the run trains on data whose sampler lags the trainer by design: the ray runtime, or
+    sync with ``runtime.extra_lag``."""
+    return cfg.runtime.type != "sync" or cfg.runtime.extra_lag > 0
+
+
+def tb_trust_region(objective: ObjectiveConfig, stale: bool = True) -> float | None:
+    """``objective.tb_trust_region``: for ``auto``, the sequence band (0.5) where trajectory balance
+    trains on data stale by design (``stale``), else plain TB. In the sync runtime the band steadied
+    small batches but cost the tool demo 4.5 points (``benchmarks/results/async_regimes/README.md``)."""
+    if objective.type != "tb":
+        return None
+    if objective.tb_trust_region == "auto":
+        return 0.5 if stale else None
+    return objective.tb_trust_region
+
+
+def needs_sampler_logps(objective: ObjectiveConfig, trust_region: float | None) -> bool:
+    """Whether searchers must record the sampling policy's per-token log-probs: the ratio objectives,
+    Proximal RLOO or RLOO with ``tis_cap``, and trajectory balance with a band (``trust_region``),
+    the second-moment filter or the ESS learning rate."""
+    o = objective
+    tb_variant = trust_region is not None or o.tb_m2_threshold is not None or o.tb_ess_lr
+    return (
+        o.type in ("grpo", "dr_grpo", "ppo")
+        or (o.type == "rloo" and (o.rloo_proximal or o.tis_cap is not None))
+        or (o.type == "tb" and tb_variant)
+    )
+
+
+def grad_clip(trainer: TrainerConfig, objective_type: str) -> float | None:
+    """``trainer.grad_clip``: for ``auto``, none for trajectory balance and 1.0 for the baselines."""
+    if trainer.grad_clip == "auto":
+        return None if objective_type == "tb" else 1.0
+    return trainer.grad_clip

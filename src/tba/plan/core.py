@@ -23,7 +23,15 @@ import torch
 
 from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
-from tba.plan.auto import flat_weight, lag_bound, streams
+from tba.plan.auto import (
+    flat_weight,
+    grad_clip,
+    lag_bound,
+    needs_sampler_logps,
+    stale_by_design,
+    streams,
+    tb_trust_region,
+)
 
 __all__ = ["Hardware", "Plan", "make_plan", "resolve_runtime"]
 
@@ -357,10 +365,11 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         if device.startswith("cuda") and r.searcher_gpus is None:
             whose = "the trainer shares its one GPU" if shared else f"{ray_gpus} GPU(s) for the actors"
             why["searcher_gpus"] = f"{searcher_gpus:g} of a GPU each: {whose}"
+    band = tb_trust_region(o, stale_by_design(cfg))
     if o.type == "tb" and o.tb_trust_region == "auto":
         why["trust_region"] = (
             "the sequence band, as the searchers' weights lag by design"
-            if o.trust_region is not None
+            if band is not None
             else "plain TB: the searcher's weights are the newest in the sync runtime"
         )
     if ray_runtime and r.max_lag == "auto":
@@ -370,7 +379,7 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         why["trainer_threads"] = f"the {hw.cpus} core(s) less the searchers' {searcher_cpus(cfg):g}"
     ranks = cfg.trainer.num_ranks > 1
     rank_share = rank_cpus(cfg, hw.cpus) if ranks else None
-    if not o.needs_sampler_logps:
+    if not needs_sampler_logps(o, band):
         logprobs = "none"
     elif g.backend == "vllm":
         logprobs = "engine"  # the engine's raw log-probs of what it sampled
@@ -393,8 +402,8 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         lag_bound=lag_bound(r, cfg.trainer.sync_interval) if ray_runtime else None,
         extra_lag=r.extra_lag,
         flat_weight=flat_weight(cfg.buffer, r.type),
-        trust_region=o.trust_region if o.type == "tb" else None,
-        grad_clip=cfg.trainer.clip_norm(o.type),
+        trust_region=band,
+        grad_clip=grad_clip(cfg.trainer, o.type),
         sampler_logprobs=logprobs,
         trainer_threads=threads,
         searcher_threads=max(1, int(r.searcher_cpus)),

@@ -40,7 +40,6 @@ from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plan import Plan, actor_gpu_shares, runtime_config
-from tba.plan.auto import lag_bound
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.broadcast import BroadcastSender
@@ -296,7 +295,7 @@ def _train(
     trainer, batch = c.trainer, cfg.trainer.batch_prompts
     startup = startup or StartUp(time.time())
     t = cfg.trainer
-    lag = lag_bound(cfg.runtime, t.sync_interval)
+    lag = c.plan.lag_bound
     gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, t.replay_window, lag)
     starved = Starvation()
     min_groups = cfg.buffer.min_groups or batch
@@ -310,7 +309,7 @@ def _train(
     loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
-    watch = FallWatch.start(key, initial, run_dir, remedy(cfg.objective))
+    watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)

@@ -282,6 +282,7 @@ def build_components(
     buffer = make_buffer(cfg, plan)
     trainer = make_trainer(
         cfg,
+        plan,
         policy,
         pad,
         eos,

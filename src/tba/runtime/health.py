@@ -31,9 +31,10 @@ BAND = (
 )
 
 
-def remedy(objective) -> str:
-    """What to suggest after a fall: the sequence band for plain trajectory balance."""
-    return BAND if objective.type == "tb" and objective.trust_region is None else LOWER_LR
+def remedy(objective: str, trust_region: float | None) -> str:
+    """What to suggest after a fall: the sequence band for plain trajectory balance (``objective``:
+    ``objective.type``; ``trust_region``: the plan's band)."""
+    return BAND if objective == "tb" and trust_region is None else LOWER_LR
 
 
 def _summarise(values: list[float], how: str) -> float:

@@ -21,7 +21,7 @@ from tba.models.lora import (
     add_adapter,
 )
 from tba.models.precision import Precision
-from tba.plan import builtin_setting
+from tba.plan import Plan, builtin_setting
 from tba.trainer import Trainer
 
 
@@ -90,11 +90,12 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
 
 
 def make_trainer(
-    cfg: Config, model: torch.nn.Module, pad_id: int, eos: set[int], precision: Precision, **parts
+    cfg: Config, plan: Plan, model: torch.nn.Module, pad_id: int, eos: set[int], precision: Precision, **parts
 ) -> Trainer:
-    """A trainer of ``model`` with the run's trainer and objective settings; ``parts``: the buffer,
-    weight store, ranks and publication dtype of the process that holds it (none for a rank)."""
-    parts = {"buffer": None, "weights": None, **parts}
+    """A trainer of ``model`` with the run's trainer and objective settings and the run plan's
+    decisions for them (TB's band, the gradient clip); ``parts``: the buffer, weight store, ranks
+    and publication dtype of the process that holds it (none for a rank)."""
+    parts = {"buffer": None, "weights": None, "trust_region": plan.trust_region, "grad_clip": plan.grad_clip, **parts}
     return Trainer(
         model,
         parts.pop("buffer"),

@@ -122,7 +122,7 @@ class TrainerRank:
             load_on = torch.device("cpu")
             load_cfg = with_values(cfg, {"model.dtype": plan.dtype})
         model = shard_policy(load_trainer_policy(load_cfg, plan.policy, load_on, precision), precision, device)
-        self.trainer = make_trainer(cfg, model, pad_id, eos_ids, precision)
+        self.trainer = make_trainer(cfg, plan, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
         return self.trainer.passes
 

@@ -74,7 +74,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         trainer.ingest(searcher.step())
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
-    watch = FallWatch.start(key, initial, run_dir, remedy(cfg.objective))
+    watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
     peak = PeakMemory(trainer.device)
     step_peak = 0.0  # GiB: the highest peak of the trainer's steps since the last log
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:

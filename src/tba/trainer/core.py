@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from typing import Literal
 
 import torch
 
@@ -32,6 +33,8 @@ from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import truncate_at_eos
 from tba.models.precision import Precision
 from tba.objectives import normalised_ess, objective_loss
+from tba.plan.auto import grad_clip as auto_grad_clip
+from tba.plan.auto import needs_sampler_logps, tb_trust_region
 from tba.schedules import beta_at, lr_multiplier
 from tba.trainer.planning import (
     gather_ranks,
@@ -63,8 +66,12 @@ class Trainer:
         precision: Precision | None = None,
         publish_dtype: torch.dtype | None = None,
         ranks: Updates | None = None,
+        trust_region: float | None | Literal["auto"] = "auto",
+        grad_clip: float | None | Literal["auto"] = "auto",
     ):
-        """``precision``: how ``model`` computes (default fp32); ``publish_dtype``: the dtype that
+        """``trust_region`` (TB's band) and ``grad_clip``: the run plan's (``auto``: as
+        :mod:`tba.plan.auto` decides for data stale by design). ``precision``: how ``model``
+        computes (default fp32); ``publish_dtype``: the dtype that
         published floating weights are cast to (the searchers' ``model.dtype``; None keeps them).
         ``ranks``: trainer ranks (``trainer.num_ranks`` > 1) that hold the sharded policy and its
         optimizer and take the steps; ``model`` is then this process's unsharded copy, brought up to
@@ -80,6 +87,9 @@ class Trainer:
         self.precision = precision or Precision()
         self.publish_dtype = publish_dtype
         self.max_tokens = objective.max_tokens or max_new_tokens or 1  # Dr. GRPO's constant
+        self.trust_region = tb_trust_region(objective) if trust_region == "auto" else trust_region
+        self.grad_clip = auto_grad_clip(cfg, objective.type) if grad_clip == "auto" else grad_clip
+        self.sampler_logps = needs_sampler_logps(objective, self.trust_region)  # the rollouts carry them
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
         self.empty_steps = 0  # steps with nothing to train on (:meth:`skip`)
@@ -253,8 +263,7 @@ class Trainer:
                 group["lr"] *= lr_scale
             metrics["train/tb_ess"] = lr_scale
         params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = self.cfg.clip_norm(self.objective.type)
-        clip = math.inf if clip is None else clip
+        clip = math.inf if self.grad_clip is None else self.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         if self.publisher is not None:  # a publication that reads these weights must finish first
@@ -314,6 +323,8 @@ class Trainer:
                 beta,
                 self.group_size,
                 self.max_tokens,
+                self.trust_region,
+                self.sampler_logps,
                 self._log_w,
             )
             (loss * (share * scale)).backward()  # micro-batch losses are means: weight by their share of the batch
