@@ -12,6 +12,7 @@ import torch
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.generation.stream import HFContinuousStream, HFRefillStream, hf_continuous_problem, open_stream
+from tba.plan.auto import streams as auto_streams
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 
@@ -168,7 +169,7 @@ def test_streaming_searcher_config_is_checked_and_built_for_the_ray_runtime(tmp_
 
     def streams(*args, device="cuda"):  # the ray runtime unless the arguments say sync
         cfg = load_config(None, ["--runtime.type=ray", *args])
-        return streams(cfg.generation, cfg.runtime.type, device)
+        return auto_streams(cfg.generation, cfg.runtime.type, device)
 
     # auto: the ray runtime streams long completions on vLLM or a GPU; true and false are kept as given
     assert streams("--generation.max_new_tokens=256") and not streams("--generation.max_new_tokens=255")
