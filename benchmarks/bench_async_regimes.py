@@ -293,7 +293,7 @@ def table(rows: list[dict], setting: str) -> str:
     return "\n".join(lines)
 
 
-COMPACT = ["sync", "sync_lag2", "sync_lag2_seq", "sync_seq", "ray", "ray_lag1", "ray_seq"]
+COMPACT = ["sync", "sync_lag2", "sync_lag2_seq", "sync_seq", "ray", "ray_lag1", "ray_seq", "ray_tok", "ray_ess"]
 
 
 def compact_table(rows: list[dict]) -> str:
