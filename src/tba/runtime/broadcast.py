@@ -132,9 +132,12 @@ class BroadcastSender:
             if self.formed and layout == self.layout and not self._closed.is_set():
                 if self._broadcast(state_dict, version):
                     return
+            # formed once when this version was sent (not by the thread forming it meanwhile): this
+            # version did not go the way it should
+            fell_back = self.group is not None
         self.object_store.publish(state_dict, version)
         self.last = self.object_store.last
-        if self.group is not None:  # formed once: this version did not go the way it should
+        if fell_back:
             self.fallbacks += 1
 
     def stage(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
