@@ -175,9 +175,14 @@ class Passes:
         """Whether a pass over sequences of these lengths packs."""
         return self.packed and worth_packing(prompt_lens, completion_lens, self.width)
 
-    def positions(self, prompt_lens: list[int], completion_lens: list[int]) -> tuple[int, int]:
-        """(positions computed, real tokens) of a pass over these sequences (:func:`forward_positions`)."""
-        return forward_positions(prompt_lens, completion_lens, self.packs(prompt_lens, completion_lens), self.width)
+    def positions(
+        self, prompt_lens: list[int], completion_lens: list[int], packed: bool | None = None
+    ) -> tuple[int, int]:
+        """(positions computed, real tokens) of a pass over these sequences (:func:`forward_positions`);
+        ``packed``: the pass's :meth:`packs`, when the caller has it already."""
+        if packed is None:
+            packed = self.packs(prompt_lens, completion_lens)
+        return forward_positions(prompt_lens, completion_lens, packed, self.width)
 
     def cost(self, groups: list[list[tuple[int, int]]]):
         """The positions a pass over some of ``groups`` computes, for :func:`plan_micro_batches`
@@ -191,10 +196,14 @@ class Passes:
         completions: list[list[int]],
         pad_id: int,
         temperature: float = 1.0,
+        packed: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs ``[N, C]`` (fp32, 0 where masked) and the mask of ``completions``,
-        already cut where they are scored (at their first EOS), in one pass, packed or padded."""
-        if self.packs([len(p) for p in prompts], [len(c) for c in completions]):
+        already cut where they are scored (at their first EOS), in one pass, packed or padded
+        (``packed``: the pass's :meth:`packs`, when the caller has it already)."""
+        if packed is None:
+            packed = self.packs([len(p) for p in prompts], [len(c) for c in completions])
+        if packed:
             return packed_token_logprobs(model, prompts, completions, None, temperature, self.width, pad_id)
         return token_logprobs(model, prompts, completions, pad_id, None, temperature)
 

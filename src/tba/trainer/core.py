@@ -303,10 +303,14 @@ class Trainer:
             rollouts = [r for g in groups for r in batch.group(g)]
             prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
             completions = [self._completion(r) for r in rollouts]
+            lens = [len(p) for p in prompts], [len(c) for c in completions]
+            packed = self.passes.packs(*lens)  # decided once for the pass and its count
             with self.precision.autocast():  # [G*K, T] each, fp32
-                token_logp, mask = self.passes.token_logprobs(self.model, prompts, completions, self.pad_id)
+                token_logp, mask = self.passes.token_logprobs(
+                    self.model, prompts, completions, self.pad_id, packed=packed
+                )
             token_logp, mask = self._policy_tokens(rollouts, token_logp, mask)
-            positions, real = self.passes.positions([len(p) for p in prompts], [len(c) for c in completions])
+            positions, real = self.passes.positions(*lens, packed=packed)
             totals["train/tokens"] += real
             totals["train/positions"] += positions
             logp = token_logp.sum(-1)  # [G*K]
