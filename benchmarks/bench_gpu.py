@@ -216,6 +216,11 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         rates = [r["searcher/tokens_per_s"] for r in timed if r.get("searcher/tokens_per_s")]
         tokens_per_s = statistics.median(rates) if rates else None
     publish = [r["train/publish_s"] for r in timed if r.get("train/publish_s") is not None]
+
+    def median_of(key: str) -> float | None:  # a weights/ metric of the ray runtime, over the timed steps
+        values = [r[key] for r in timed if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
     return {
         "name": name,
         "runtime": runtime,
@@ -226,6 +231,11 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         "generate_s": gen_s,
         "tokens_per_s": tokens_per_s,
         "publish_s": statistics.median(publish) if publish else None,
+        "publish_background_s": median_of("weights/publish_background_s"),
+        "fetch_s": median_of("weights/fetch_s"),
+        "load_s": median_of("weights/load_s"),
+        "transport": summary.get("weight_transport")
+        or next((a.split("=", 1)[1] for a in args.extra if a.startswith("--runtime.weight_transport=")), None),
         "busy": summary.get("trainer_busy_fraction"),
         "peak_memory_gb": summary.get("peak_memory_gb"),
         "lag_mean": summary.get("lag_mean"),
@@ -295,7 +305,7 @@ def main() -> None:
         info["torch"] = torch.__version__
     except Exception as e:  # noqa: BLE001 - the figures matter more than the label
         info["device_name"] = f"unknown ({e})"
-    (args.out / f"results-{'-'.join(args.precisions)}.json").write_text(
+    (args.out / f"results-{'-'.join(args.precisions)}{args.tag}.json").write_text(
         json.dumps({"info": info, "environment": describe_machine(), "runs": results}, indent=1)
     )
     print()
@@ -305,16 +315,18 @@ def main() -> None:
     )
     print(
         "| runtime | precision | s per step (loop) | trainer step s | sync generate s | tokens/s "
-        "| publish s | trainer busy | peak GiB | lag | wall s |"
+        "| publish s | background s | fetch s | load s | trainer busy | peak GiB | lag | wall s |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         if "error" in r:
-            print(f"| {r['name']} | | {r['error']} | | | | | | | | |")
+            print(f"| {r['name']} | | {r['error']} | | | | | | | | | | | |")
             continue
+        runtime = r["runtime"] + (f" ({r['transport']})" if r["runtime"] == "ray" and r.get("transport") else "")
         print(
-            f"| {r['runtime']} | {r['precision']} | {fmt(r['loop_step_s'], '.2f')} | {fmt(r['train_step_s'], '.2f')} "
-            f"| {fmt(r['generate_s'], '.2f')} | {fmt(r['tokens_per_s'], '.0f')} | {fmt(r['publish_s'], '.2f')} "
+            f"| {runtime} | {r['precision']} | {fmt(r['loop_step_s'], '.2f')} | {fmt(r['train_step_s'], '.2f')} "
+            f"| {fmt(r['generate_s'], '.2f')} | {fmt(r['tokens_per_s'], '.0f')} | {fmt(r['publish_s'], '.3f')} "
+            f"| {fmt(r['publish_background_s'], '.3f')} | {fmt(r['fetch_s'], '.3f')} | {fmt(r['load_s'], '.3f')} "
             f"| {fmt(r['busy'], '.2f')} | {fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['lag_mean'], '.2f')} "
             f"| {r['wall_s']:.0f} |"
         )

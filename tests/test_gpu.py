@@ -167,3 +167,49 @@ def test_a_gpu_publication_is_staged_in_pinned_buffers_and_frees_the_optimizer_e
     assert publisher._pinned["w"] is first  # allocated once, reused
     assert torch.equal(store.fetch(0)[1]["w"], live["w"].cpu())
     publisher.close()
+
+
+def test_ipc_slots_carry_gpu_weights_exactly_to_a_searcher_process_on_the_same_gpu():
+    """``runtime.weight_transport=ipc`` on a GPU: the trainer's publication lands in a slot of GPU
+    memory that a Ray actor on the same GPU maps by CUDA IPC handle and copies device to device;
+    what it holds equals what was published, bit for bit, dtypes and ties kept."""
+    ray = pytest.importorskip("ray")
+    from tests.test_ray_actors import random_state
+
+    from tba.runtime.shared_weights import SharedReceiver, SharedSender
+    from tba.runtime.weight_board import WeightBoard
+    from tba.weights import BackgroundPublisher
+
+    @ray.remote(num_gpus=0.5)
+    class Reader:
+        def __init__(self):
+            self.receiver = SharedReceiver(ray.get_actor("gpu-ipc-board"), "reader")
+
+        def fetch(self, newer_than):
+            got = self.receiver.fetch(newer_than)
+            state = got[1]
+            assert all(v.is_cuda for v in state.values())
+            ties = state["lm_head.weight"].data_ptr() == state["embed.weight"].data_ptr()
+            return got[0], {k: v.cpu() for k, v in state.items()}, ties
+
+    ray.init(num_gpus=1, num_cpus=2, include_dashboard=False, configure_logging=False)
+    try:
+        board = WeightBoard.options(name="gpu-ipc-board").remote()
+        sender = SharedSender(board)
+        publisher = BackgroundPublisher(sender)  # as a run publishes: from its thread, GPU to GPU
+        reader = Reader.remote()
+        for v in range(3):
+            state = {k: t.to(CUDA) for k, t in random_state(v).items()}
+            state["lm_head.weight"] = state["embed.weight"]  # tied on the GPU too
+            publisher.publish(state, v, aliases=True)
+            publisher.flush()
+            assert sender.slots.buffers[0].is_cuda and sender.last == (v, None)
+            version, got, ties = ray.get(reader.fetch.remote(v - 1))
+            assert version == v and ties
+            for name, t in random_state(v).items():
+                assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+        publisher.close()
+        ray.kill(reader)
+        sender.close()
+    finally:
+        ray.shutdown()

@@ -126,6 +126,23 @@ def test_an_impossible_transport_is_refused_in_one_line(capsys):
         assert main(["train", "--print-plan", "--runtime.weight_transport=broadcast", *args]) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, err
+    for args, said in (
+        (["--runtime.type=sync"], "runtime.weight_transport=ipc sends weights to searcher processes"),
+        (["--runtime.address=auto"], "may place them on others; set runtime.weight_transport=broadcast"),
+    ):
+        assert main(["train", "--print-plan", "--runtime.weight_transport=ipc", *args]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ipc_is_planned_where_searchers_share_the_trainers_memory_and_refused_where_they_do_not():
+    on_cpu = plan(["--runtime.weight_transport=ipc"])  # shared host memory: searchers on this machine
+    assert (on_cpu.runtime, on_cpu.transport) == ("ray", "ipc")
+    assert any("weights by ipc" in line for line in on_cpu.lines())
+    one_gpu = plan(["--runtime.weight_transport=ipc"], ONE_H100)  # the searchers share the trainer's GPU
+    assert (one_gpu.transport, one_gpu.searcher_gpus) == ("ipc", 0.5)
+    with pytest.raises(ConfigError, match="on 4 GPUs the searchers get GPUs of their own"):
+        plan(["--runtime.weight_transport=ipc"], Hardware(cpus=16, gpus=4, bf16=True))
 
 
 def test_the_plan_is_saved_read_back_and_printed(tmp_path):

@@ -3,12 +3,16 @@
 board's versions, and the real group over gloo between this process (the trainer's side) and
 searcher-side receivers in Ray actors: what they load equals what was published bit for bit, a
 receiver that dies in the middle of a broadcast does not block the trainer, and a restarted one
-joins the group again. The inbox's cap on what searchers produce ahead of the trainer."""
+joins the group again. Weights through shared slots (``tba.runtime.shared_weights``, host memory
+here): exact delivery, and a slot a reader copies is never overwritten. The inbox's cap on what
+searchers produce ahead of the trainer."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from multiprocessing import shared_memory
 
 import pytest
 import ray
@@ -16,6 +20,7 @@ import torch
 
 from tba.runtime.actors import Inbox
 from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender, Layout
+from tba.runtime.shared_weights import SharedReceiver, SharedSender
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
 from tba.weights import BackgroundPublisher
 
@@ -175,6 +180,92 @@ def test_broadcast_delivers_exact_weights_and_survives_a_searcher_killed_mid_bro
     received_by_all(5, 5)  # the weights as they were handed over
     publisher.close()
     sender.close()
+
+
+@ray.remote(num_cpus=0)
+class SharedReader:
+    """A searcher's side of ``runtime.weight_transport=ipc`` alone, in its own process."""
+
+    def __init__(self, token: str) -> None:
+        self.receiver = SharedReceiver(ray.get_actor("shared-board"), token)
+
+    def fetch(self, newer_than: int):
+        got = self.receiver.fetch(newer_than)
+        if got is None:
+            return None
+        ties = got[1]["lm_head.weight"].data_ptr() == got[1]["embed.weight"].data_ptr()
+        return got[0], {k: v.clone() for k, v in got[1].items()}, self.receiver.copies, ties
+
+
+def test_ipc_delivers_exact_weights_through_shared_slots_and_never_overwrites_a_leased_one(ray_local):
+    board = WeightBoard.options(name="shared-board").remote()
+    sender = SharedSender(board, lease_timeout_s=60)
+    readers = [SharedReader.remote(f"reader-{i}") for i in range(2)]
+
+    def received_by_all(version: int, seed: int, copies: int | None) -> None:
+        for r in readers:
+            got = ray.get(r.fetch.remote(version - 1))
+            assert got is not None and got[0] == version and got[3]  # tied entries: one tensor
+            for name, t in random_state(seed).items():
+                assert got[1][name].dtype == t.dtype and torch.equal(got[1][name], t), name
+            if copies is not None:
+                assert got[2] == copies  # copied from a shared slot, not fetched from the object store
+            assert ray.get(r.fetch.remote(version)) is None  # nothing newer
+
+    assert ray.get(readers[0].fetch.remote(-1)) is None  # nothing published yet
+    for v in (0, 1):
+        sender.publish(random_state(v), v)
+        assert sender.last == (v, None) and ray.get(board.get_if_newer.remote(-1))[0] == v
+        received_by_all(v, v, v + 1)
+    assert sender.newest == 1 and sender.metrics()["weights/shared_publications"] == 2.0
+
+    # a reader holds a lease on the newest slot (1): the next version goes to slot 0 at once; the one
+    # after it needs slot 1 and waits, without touching it, until the lease is returned
+    assert ray.get(board.lease.remote(0, "slow")) == (1, 1)
+    sender.publish(random_state(2), 2)
+    assert sender.newest == 0
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (sender.publish(random_state(3), 3), done.set()))
+    worker.start()
+    assert not done.wait(0.5)  # cannot finish while the lease is held
+    held = sender.layout.views(sender.slots.buffers[1])
+    assert all(torch.equal(held[k], t) for k, t in random_state(1).items())  # slot 1 still holds version 1
+    ray.get(board.release.remote("slow"))
+    worker.join(timeout=30)
+    assert done.is_set() and sender.newest == 1
+    received_by_all(3, 3, 3)
+
+    # a version that went by the object store reaches the readers from there
+    RayWeightStore(board).publish(random_state(4), 4)
+    received_by_all(4, 4, 3)
+
+    # a lease whose reader died mid-copy is dropped after the timeout
+    sender.lease_timeout_s = 0.3
+    ray.get(board.set_slot.remote(5, sender.newest))  # (the newest bytes are version 3's; only the slot matters)
+    assert ray.get(board.lease.remote(4, "dead")) == (5, 1)
+    sender.publish(random_state(6), 6)  # slot 0
+    sender.publish(random_state(7), 7)  # slot 1: waits out the dead lease
+    received_by_all(7, 7, 4)
+
+    # from the publisher's thread, as a run publishes: live weights are free once copied into a slot
+    publisher = BackgroundPublisher(sender)
+    live = random_state(8)
+    publisher.publish(live, 8, aliases=True)
+    publisher.settle()
+    for t in {id(t): t for t in live.values()}.values():
+        t.add_(1)  # the optimizer's step
+    publisher.flush()
+    assert sender.last == (8, None)
+    received_by_all(8, 8, 5)
+    publisher.close()
+    names = [s.name for s in sender.slots.shm]
+    for r in readers:
+        ray.kill(r)
+    sender.close()  # the shared memory is gone with it
+    for name in names:
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=name)
+    ray.kill(board)
 
 
 def test_the_inbox_pauses_searchers_that_run_ahead_of_what_the_trainer_draws(ray_local):

@@ -203,6 +203,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     extra += ["--generation.stream=true"] if stream else []  # continuous generation (ray: weights loaded in flight)
     broadcast = runtime == "ray" and not lora  # the engine loads what the gloo group staged (tba.runtime.broadcast)
     extra += ["--runtime.weight_transport=broadcast"] if broadcast else []
+    shared = runtime == "ray" and lora  # the adapter through shared slots, staged and loaded in flight (ipc)
+    extra += ["--runtime.weight_transport=ipc"] if shared else []
     proc, run_dir = train(
         tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
     )
@@ -215,6 +217,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     assert max(r.policy_version for r in stored_rollouts(run_dir, 12)) > 0
     if broadcast:
         assert records[-1]["weights/broadcasts"] > 0 and records[-1]["weights/fallbacks"] == 0
+    if shared:
+        assert records[-1]["weights/shared_publications"] > 0 and records[-1]["weights/fetch_s"] > 0
     if stream:  # every prompt the streaming searcher took: sent, dropped or still in flight
         last = records[-1]
         assert last["searcher/prompts_taken"] == (

@@ -135,7 +135,8 @@ class BackgroundPublisher:
     - **GPU tensors** are first copied into pinned host buffers allocated once (reused by every
       later publication of the same shapes) on a CUDA stream of the thread's own, after the work
       queued when the trainer handed them over; from then on the publication reads only its own
-      copy, and the trainer need not wait for the rest (into the object store).
+      copy, and the trainer need not wait for the rest (into the object store). A store that keeps
+      GPU buffers of its own (``keeps_device``: CUDA IPC) copies into those instead, on that stream.
     - **Visibility**: ``visible_version`` is the newest version the store holds, which is what
       searchers can fetch.
     - **Errors**: an exception in the thread is raised on the trainer's next call here.
@@ -150,6 +151,8 @@ class BackgroundPublisher:
         self._closed = False
         self._pinned: dict[str, torch.Tensor] = {}  # host staging buffers for GPU tensors, by name
         self._stream = None  # the thread's CUDA stream, made on first use
+        # a store with GPU buffers of its own (tba.runtime.shared_weights) takes GPU tensors as they are
+        self._keeps_device = bool(getattr(store, "keeps_device", False))
         self.superseded = 0
         self.published = 0
         self.background_s = 0.0  # the thread's seconds, all publications
@@ -239,6 +242,15 @@ class BackgroundPublisher:
         self._stream.synchronize()
         return out
 
+    def _on_device(self, state: dict[str, torch.Tensor], ready) -> dict[str, torch.Tensor]:
+        """``state`` copied by the store into buffers of its own on the GPU (``stage``), on the thread's
+        stream after ``ready``; the copy has landed when this returns."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(ready)
+            return self.store.stage(state)
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -258,8 +270,8 @@ class BackgroundPublisher:
                         with self._cond:
                             self._busy_live = False
                             self._cond.notify_all()
-                if ready is not None:
-                    state = self._stage(state, ready)
+                if ready is not None:  # GPU tensors: into the store's own GPU buffers, else to pinned host memory
+                    state = self._on_device(state, ready) if self._keeps_device else self._stage(state, ready)
                     with self._cond:  # the publication reads its own host copy from here on
                         self._busy_live = False
                         self._cond.notify_all()

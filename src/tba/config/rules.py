@@ -96,15 +96,22 @@ def check_runtime(cfg) -> None:
             f"trainer.num_ranks={ranks} splits each batch's groups over the ranks, and trainer.batch_prompts="
             f"{batch} gives some rank none; raise batch_prompts to at least {ranks} or lower num_ranks"
         )
-    if cfg.runtime.weight_transport == "broadcast" and cfg.runtime.type == "sync":
+    transport = cfg.runtime.weight_transport
+    if transport in ("broadcast", "ipc") and cfg.runtime.type == "sync":
         raise ValueError(
-            "runtime.weight_transport=broadcast sends weights to searcher processes, and the sync runtime "
+            f"runtime.weight_transport={transport} sends weights to searcher processes, and the sync runtime "
             "has none (its searcher shares the trainer's process); set runtime.type=ray or drop weight_transport"
         )
-    if cfg.runtime.weight_transport == "broadcast" and ranks > 1:
+    if transport in ("broadcast", "ipc") and ranks > 1:
         raise ValueError(
-            "runtime.weight_transport=broadcast is sent from the tba train process, and with trainer.num_ranks > 1 "
+            f"runtime.weight_transport={transport} is sent from the tba train process, and with trainer.num_ranks > 1 "
             "rank 0 publishes instead; set runtime.weight_transport=object_store (or auto)"
+        )
+    if transport == "ipc" and (cfg.runtime.address or cfg.runtime.searcher_resources):
+        raise ValueError(
+            "runtime.weight_transport=ipc shares the trainer's memory with searchers on its machine, and "
+            f"runtime.{'address' if cfg.runtime.address else 'searcher_resources'} may place them on others; "
+            "set runtime.weight_transport=broadcast (or object_store)"
         )
     if cfg.eval.async_ and cfg.runtime.type == "sync":
         raise ValueError(

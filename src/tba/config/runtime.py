@@ -86,11 +86,13 @@ class RuntimeConfig(Section):
     is left out until it delivers again). At least ``trainer.sync_interval``. ``auto``: 4 ×
     ``trainer.sync_interval``. None: no bound."""
 
-    weight_transport: Literal["auto", "object_store", "broadcast"] = "auto"
+    weight_transport: Literal["auto", "object_store", "broadcast", "ipc"] = "auto"
     """How published weights reach the searchers (``ray`` runtime): ``object_store`` (Ray's object
     store; a searcher on the trainer's machine maps them in place), ``broadcast`` (a gloo group of
     the trainer and the searchers, one byte buffer in buckets; falls back to the object store while a
-    searcher restarts; for searchers on other machines), ``auto``: the object store."""
+    searcher restarts; for searchers on other machines), ``ipc`` (two buffers of the trainer's that
+    searchers on its machine map: GPU memory by CUDA IPC handles when they share the trainer's GPU,
+    shared host memory on a CPU; one trainer rank, no cluster), ``auto``: the object store."""
     _chosen: str | None = PrivateAttr(None)
     """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.resolve_runtime`)."""
 

@@ -57,7 +57,7 @@ class Plan:
     objective: str
     transport: str
     """How published weights reach the searchers: ``in_process`` (sync), ``object_store`` or
-    ``broadcast`` (ray; ``runtime.weight_transport``)."""
+    ``broadcast`` or ``ipc`` (ray; ``runtime.weight_transport``)."""
     stream: str
     """``batch`` (a ``generate`` call per batch), or a stream: ``vllm``, ``hf_continuous``, ``hf_refill``."""
     lag_bound: int | None
@@ -291,8 +291,8 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
         return "ray", "eval.async evaluates in a Ray actor beside the trainer"
     if r.extra_lag or cfg.buffer.fresh_only:
         return "sync", "runtime.extra_lag / buffer.fresh_only set staleness in the sync runtime"
-    if r.weight_transport == "broadcast":
-        return "ray", "runtime.weight_transport=broadcast sends weights to searcher processes"
+    if r.weight_transport in ("broadcast", "ipc"):
+        return "ray", f"runtime.weight_transport={r.weight_transport} sends weights to searcher processes"
     if r.address:
         return "ray", f"joining the Ray cluster at {r.address}: searchers may run on other machines"
     if r.searcher_resources:
@@ -365,6 +365,12 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         if device.startswith("cuda") and r.searcher_gpus is None:
             whose = "the trainer shares its one GPU" if shared else f"{ray_gpus} GPU(s) for the actors"
             why["searcher_gpus"] = f"{searcher_gpus:g} of a GPU each: {whose}"
+        if r.weight_transport == "ipc" and device.startswith("cuda") and not shared:
+            raise ConfigError(
+                f"runtime.weight_transport=ipc maps the trainer's GPU memory into searchers on that GPU, and on "
+                f"{hw.gpus} GPUs the searchers get GPUs of their own; set runtime.weight_transport=broadcast "
+                "(or object_store)"
+            )
     band = tb_trust_region(o, stale_by_design(cfg))
     if o.type == "tb" and o.tb_trust_region == "auto":
         why["trust_region"] = (

@@ -29,6 +29,7 @@ from tba.plan import Plan
 from tba.runtime.broadcast import BroadcastReceiver
 from tba.runtime.build import build_searcher, load_evaluator
 from tba.runtime.policy import seed_everything
+from tba.runtime.shared_weights import SharedReceiver
 from tba.runtime.weight_board import RayWeightStore, pack, unpack
 
 # Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
@@ -123,6 +124,8 @@ class SearcherWorker:
         self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
         if plan.transport == "broadcast":  # registers with the board: the trainer forms the group once all have
             weights = BroadcastReceiver(board, searcher_id, self.incarnation)
+        elif plan.transport == "ipc":  # maps the trainer's buffers at its first fetch
+            weights = SharedReceiver(board, self.incarnation)
         else:
             weights = RayWeightStore(board)
         self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)

@@ -50,6 +50,7 @@ from tba.runtime.preflight import plan_with_eos, policy_tokenizer
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save
+from tba.runtime.shared_weights import SharedSender
 from tba.runtime.startup import StartUp
 from tba.runtime.weight_board import RayWeightStore, WeightBoard
 from tba.weights import BackgroundPublisher
@@ -89,6 +90,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
                 store = BroadcastSender(
                     board, r.num_searchers, lambda m: chatter.print(m, highlight=False, markup=False)
                 )
+            elif plan.transport == "ipc":  # (one trainer rank, the trainer's machine: the config says so)
+                store = SharedSender(board)
             else:
                 store = RayWeightStore(board)
             weights = BackgroundPublisher(store) if cfg.trainer.num_ranks == 1 else store
@@ -132,6 +135,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
                 store.close()
             for actor in actors:
                 ray.kill(actor)
+            if isinstance(store, SharedSender):  # once no searcher maps its buffers
+                store.close()
             if background is not None:
                 background.stop()
             if metrics is not None:
@@ -175,7 +180,7 @@ def published_weights(c: Components) -> dict | ray.ObjectRef:
     t = c.trainer
     t.flush_publication()
     last = getattr(t.publisher.store if t.publisher is not None else t.weights, "last", None)
-    if last is not None and last[0] == t.version and last[1] is not None:  # (None: it went by broadcast)
+    if last is not None and last[0] == t.version and last[1] is not None:  # (None: it went by broadcast or ipc)
         return last[1]
     return t.published_state()
 

@@ -10,6 +10,7 @@ pickling them, and a process on the same node reads them in place, without a cop
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -59,11 +60,46 @@ class WeightBoard:
         self.registered: dict[int, str] = {}  # broadcast: each searcher's incarnation token
         self.group: tuple[int, dict] | None = None  # broadcast: the newest generation of the group
         self.pending: tuple[int, int] | None = None  # broadcast: (version, generation) announced last
+        self.slot: int | None = None  # ipc: the shared slot holding the newest version (None: not by ipc)
+        self.slot_spec: dict | None = None  # ipc: the slots' layout and handles (tba.runtime.shared_weights)
+        self.leases: dict[str, tuple[int, float]] = {}  # ipc: reader -> (slot, when leased)
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def set(self, version: int, boxed_ref: list) -> None:
         if version > self.version:  # a list keeps Ray from resolving the reference on the way in
-            self.version, self.ref = version, boxed_ref[0]
+            self.version, self.ref, self.slot = version, boxed_ref[0], None
+
+    def announce_slots(self, spec: dict) -> None:
+        self.slot_spec = spec
+
+    def slots(self) -> dict | None:
+        return self.slot_spec
+
+    @ray.method(enable_task_events=False)  # once a publication
+    def set_slot(self, version: int, slot: int) -> None:
+        if version > self.version:
+            self.version, self.ref, self.slot = version, None, slot
+
+    @ray.method(enable_task_events=False)  # once a fetch
+    def lease(self, newer_than: int, reader: str) -> tuple[int, int] | None:
+        """(the newest version, its slot), leased to ``reader`` until it calls :meth:`release`, if the
+        newest version is above ``newer_than`` and sits in a shared slot; else None."""
+        if self.version <= newer_than or self.slot is None:
+            return None
+        self.leases[reader] = (self.slot, time.monotonic())
+        return self.version, self.slot
+
+    @ray.method(enable_task_events=False)  # once a fetch
+    def release(self, reader: str) -> None:
+        self.leases.pop(reader, None)
+
+    @ray.method(enable_task_events=False)  # polled while a publication waits for a slot
+    def slot_leased(self, slot: int, timeout_s: float) -> bool:
+        """Whether a reader copies ``slot`` now; leases older than ``timeout_s`` (their reader died
+        mid-copy) are dropped."""
+        now = time.monotonic()
+        self.leases = {r: (s, t) for r, (s, t) in self.leases.items() if now - t <= timeout_s}
+        return any(s == slot for s, _ in self.leases.values())
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def get_if_newer(self, version: int):
@@ -111,6 +147,6 @@ class RayWeightStore:
         if newest is None:
             return None
         version, (ref,) = newest
-        if ref is None:  # a broadcast: tba.runtime.broadcast.BroadcastReceiver stages those
+        if ref is None:  # by broadcast or ipc: tba.runtime.broadcast / shared_weights deliver those
             return None
         return version, unpack(ray.get(ref))
