@@ -284,8 +284,11 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
     searchers get devices of their own. Where they would share the trainer's one device, the two
     take turns at least as fast as they run side by side: on 2 CPU cores the ray runtime ran SmolLM2
     with vLLM at 0.86x sync's speed, its trainer on one core taking twice sync's step
-    (benchmarks/results/weight_sync/README.md), and on one GPU at 0.51x (benchmarks/results/gpu/README.md); with HF
-    generation on 2 cores the two were within 7% either way, and sync pays no staleness."""
+    (benchmarks/results/weight_sync/README.md), and on one GPU at 0.51x with HF generation
+    (benchmarks/results/gpu/README.md); with HF generation on 2 cores the two were within 7% either
+    way, and sync pays no staleness. On one H100 with vLLM searchers ray ran at 1.11-1.17x
+    (benchmarks/results/gpu_vllm/README.md; one short run at 0.5B), but it holds the engine's memory
+    beside the trainer's where sync's engine sleeps: one GPU stays sync until the plan weighs that."""
     r, e = cfg.runtime, cfg.eval
     if e.async_:
         return "ray", "eval.async evaluates in a Ray actor beside the trainer"
