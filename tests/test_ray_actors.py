@@ -88,6 +88,20 @@ def wait_for(condition, timeout: float = 60.0, what: str = "") -> None:
         time.sleep(0.1)
 
 
+def publish_live_then_step(sender, version: int) -> BackgroundPublisher:
+    """Publish ``random_state(version)`` as live weights from a publisher's thread, then change them
+    as an optimizer step would once :meth:`~BackgroundPublisher.settle` returns; the publisher."""
+    publisher = BackgroundPublisher(sender)
+    live = random_state(version)
+    publisher.publish(live, version, aliases=True)
+    publisher.settle()
+    for t in {id(t): t for t in live.values()}.values():
+        t.add_(1)  # the optimizer's step
+    publisher.flush()
+    assert sender.last == (version, None)
+    return publisher
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     ray.init(
@@ -169,14 +183,7 @@ def test_broadcast_delivers_exact_weights_and_survives_a_searcher_killed_mid_bro
 
     # from the publisher's thread, as a run publishes: live fp32 weights (no cast copies them) are
     # free once staged in the send buffer, so the optimizer step after settle() changes nothing sent
-    publisher = BackgroundPublisher(sender)
-    live = random_state(5)
-    publisher.publish(live, 5, aliases=True)
-    publisher.settle()
-    for t in {id(t): t for t in live.values()}.values():
-        t.add_(1)  # the optimizer's step
-    publisher.flush()
-    assert sender.last == (5, None)
+    publisher = publish_live_then_step(sender, 5)
     received_by_all(5, 5)  # the weights as they were handed over
     publisher.close()
     sender.close()
@@ -248,14 +255,7 @@ def test_ipc_delivers_exact_weights_through_shared_slots_and_never_overwrites_a_
     received_by_all(7, 7, 4)
 
     # from the publisher's thread, as a run publishes: live weights are free once copied into a slot
-    publisher = BackgroundPublisher(sender)
-    live = random_state(8)
-    publisher.publish(live, 8, aliases=True)
-    publisher.settle()
-    for t in {id(t): t for t in live.values()}.values():
-        t.add_(1)  # the optimizer's step
-    publisher.flush()
-    assert sender.last == (8, None)
+    publisher = publish_live_then_step(sender, 8)
     received_by_all(8, 8, 5)
     publisher.close()
     names = [s.name for s in sender.slots.shm]
