@@ -19,8 +19,10 @@
 #
 # Kept in $OUT: env.txt, pytest_gpu.txt, bench.txt (progress and the tables), runs.tar.gz (every
 # run's metrics, summary, plan and log; no weights).
-# Options: BENCH_ARGS (e.g. "--shape tiny --new-tokens 8" for a smoke run on a CPU with DEVICE=cpu),
-# SKIP_PYTEST=1, STEPS (8).
+# Options: ITEMS (what to run, in order; default "pytest bench"; also "stream": streaming against
+# batch searchers with vLLM at 0.5B, 16-512 tokens, K = 2 and 8, SECONDS_PER_WAY each (45); "packing":
+# bench_packing.py on the GPU; "demo": the demo with vLLM in the sync runtime), BENCH_ARGS (e.g.
+# "--shape tiny --new-tokens 8" for a smoke run on a CPU with DEVICE=cpu), STEPS (8).
 set -u
 OUT=${OUT:-runs/gpu-vllm}
 BUDGET=${BUDGET:-560}
@@ -30,6 +32,9 @@ mkdir -p "$OUT"
 PARTS=${PARTS:-/tmp/vparts}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-8}
+ITEMS=" ${ITEMS:-pytest bench} "
+SECONDS_PER_WAY=${SECONDS_PER_WAY:-45}
+wants() { [[ "$ITEMS" == *" $1 "* ]]; }
 BENCH_ARGS=${BENCH_ARGS:-}
 work=${WORK:-/tmp/tba-gpu-vllm}
 mkdir -p "$work"
@@ -50,7 +55,7 @@ tail -1 "$OUT/env.txt"
 # 1. the gpu tests (vLLM's included), while the 0.5B model is built on the CPU
 $PY benchmarks/bench_gpu.py --out "$work/bench" --device $DEVICE $BENCH_ARGS --build-only > "$work/build.txt" 2>&1 &
 build=$!
-if [ -z "${SKIP_PYTEST:-}" ]; then
+if wants pytest; then
   echo "== pytest -m gpu ($(left) s left)"
   timeout 150 $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engine.py \
     > "$OUT/pytest_gpu.txt" 2>&1
@@ -68,9 +73,37 @@ bench() {  # runtime, tag, deadline share of what is left, extra overrides
     --runtimes $rt --steps $STEPS --tag="$tag" --deadline $dl $vllm "$@" >> "$OUT/bench.txt" 2>&1
   tail -4 "$OUT/bench.txt"
 }
-bench ray -vllm-ipc 40 --runtime.weight_transport=ipc
-bench sync -vllm 55
-bench ray -vllm-os 92 --runtime.weight_transport=object_store
+if wants bench; then
+  bench ray -vllm-ipc 40 --runtime.weight_transport=ipc
+  bench sync -vllm 55
+  bench ray -vllm-os 92 --runtime.weight_transport=object_store
+fi
+
+# 3. streaming against batch searchers on the engine, long-tailed lengths (GPU.md item 4)
+if wants stream; then
+  for k in 2 8; do
+    echo "== bench_streaming vllm K=$k ($(left) s left)"
+    timeout $((2 * SECONDS_PER_WAY + 150)) $PY benchmarks/bench_streaming.py --backend vllm --model qwen0.5b \
+      --device $DEVICE --dtype bfloat16 --slots 16 --group-size $k --min-len 16 --max-len 512 \
+      --seconds "$SECONDS_PER_WAY" --out "$work/streaming" >> "$OUT/bench_streaming.txt" 2>&1
+    echo "exit $?"; grep -v Loading "$OUT/bench_streaming.txt" | tail -2
+  done
+fi
+
+# 4. packed against padded trainer steps on the GPU (GPU.md item 5)
+if wants packing; then
+  echo "== bench_packing ($(left) s left)"
+  timeout $(($(left) - 60)) $PY benchmarks/bench_packing.py --device $DEVICE --rounds 1 > "$OUT/bench_packing.txt" 2>&1
+  echo "exit $?"; tail -8 "$OUT/bench_packing.txt"
+fi
+
+# 5. the demo with vLLM searchers, the sync runtime (engine asleep while the trainer steps)
+if wants demo; then
+  echo "== demo, vLLM, sync ($(left) s left)"
+  timeout $(($(left) - 40)) $PY -m tba.cli train --run.device=$DEVICE --generation.backend=vllm --runtime.type=sync \
+    --run.output_dir="$work/demo" --run.name=demo-vllm --logging.progress=false > "$OUT/demo_vllm.txt" 2>&1
+  echo "exit $?"; tail -12 "$OUT/demo_vllm.txt"
+fi
 
 tar -czf "$OUT/runs.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
   --exclude='model' --exclude='checkpoints' . 2>/dev/null
