@@ -234,8 +234,7 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         "publish_background_s": median_of("weights/publish_background_s"),
         "fetch_s": median_of("weights/fetch_s"),
         "load_s": median_of("weights/load_s"),
-        "transport": summary.get("weight_transport")
-        or next((a.split("=", 1)[1] for a in args.extra if a.startswith("--runtime.weight_transport=")), None),
+        "transport": json.loads((run_dir / "plan.json").read_text()).get("transport"),  # as the run resolved it
         "busy": summary.get("trainer_busy_fraction"),
         "peak_memory_gb": summary.get("peak_memory_gb"),
         "lag_mean": summary.get("lag_mean"),

@@ -257,6 +257,12 @@ def test_ipc_delivers_exact_weights_through_shared_slots_and_never_overwrites_a_
     # from the publisher's thread, as a run publishes: live weights are free once copied into a slot
     publisher = publish_live_then_step(sender, 8)
     received_by_all(8, 8, 5)
+    # a sender whose first publication comes staged (the publisher's path for fp32 weights)
+    first = SharedSender(WeightBoard.remote())
+    staged = first.stage(random_state(9))
+    first.publish(staged, 9)
+    assert first.newest == 0 and first.publications == 1 and Layout.holds(first.slots.buffers[0], staged)
+    first.close()
     publisher.close()
     names = [s.name for s in sender.slots.shm]
     for r in readers:

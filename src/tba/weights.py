@@ -222,12 +222,11 @@ class BackgroundPublisher:
         """``state`` with its GPU tensors copied into the pinned host buffers, on the thread's stream
         after ``ready`` (tied entries stay one tensor); the buffers are free again once the store
         has published (this thread stages the next publication only after that)."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream()
+        stream = self._side_stream()
         out: dict[str, torch.Tensor] = {}
         done: dict[tuple, torch.Tensor] = {}
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
             for name, v in state.items():
                 key = (v.device, v.data_ptr(), v.dtype, tuple(v.shape), v.stride())
                 if key not in done:
@@ -239,16 +238,21 @@ class BackgroundPublisher:
                         v = buf
                     done[key] = v
                 out[name] = done[key]
-        self._stream.synchronize()
+        stream.synchronize()
         return out
+
+    def _side_stream(self):
+        """The thread's CUDA stream for its copies, made on first use."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
 
     def _on_device(self, state: dict[str, torch.Tensor], ready) -> dict[str, torch.Tensor]:
         """``state`` copied by the store into buffers of its own on the GPU (``stage``), on the thread's
         stream after ``ready``; the copy has landed when this returns."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream()
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
+        stream = self._side_stream()
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
             return self.store.stage(state)
 
     def _run(self) -> None:
@@ -272,7 +276,7 @@ class BackgroundPublisher:
                             self._cond.notify_all()
                 if ready is not None:  # GPU tensors: into the store's own GPU buffers, else to pinned host memory
                     state = self._on_device(state, ready) if self._keeps_device else self._stage(state, ready)
-                    with self._cond:  # the publication reads its own host copy from here on
+                    with self._cond:  # the publication reads its own copy from here on
                         self._busy_live = False
                         self._cond.notify_all()
                 if self._busy_live and hasattr(self.store, "stage"):  # a store that copies first, then sends

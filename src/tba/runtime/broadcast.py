@@ -71,6 +71,12 @@ class Layout:
         for (name, _, _, _), view in zip(self.entries, self.views(buffer).values(), strict=True):
             view.copy_(state[name])
 
+    @staticmethod
+    def holds(buffer: torch.Tensor, state: dict[str, torch.Tensor]) -> bool:
+        """Whether ``state`` is already views of ``buffer`` (what :meth:`views` of it returned)."""
+        first = next(iter(state.values()))
+        return first.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """The state dict that ``buffer`` holds, as views of it (tied names: one tensor)."""
         out, made = {}, {}
@@ -157,8 +163,7 @@ class BroadcastSender:
         """``state_dict`` into the send buffer (allocated once), unless :meth:`stage` put it there."""
         if self.buffer is None:
             self.buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8)
-        first = next(iter(state_dict.values()))
-        if first.untyped_storage().data_ptr() != self.buffer.untyped_storage().data_ptr():
+        if not Layout.holds(self.buffer, state_dict):
             self.layout.fill(self.buffer, to_host(state_dict))
 
     def _broadcast(self, state_dict: dict[str, torch.Tensor], version: int) -> bool:

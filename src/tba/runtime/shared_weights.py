@@ -109,28 +109,23 @@ class SharedSender:
         self.layout: Layout | None = None
         self.slots: Slots | None = None
         self.newest: int | None = None  # the slot holding the newest version set on the board
-        self.staged: int | None = None  # the slot :meth:`stage` filled, not published yet
         self.last: tuple[int, None] | None = None
         self.publications = 0
         self.wait_s = 0.0  # seconds spent waiting for a searcher's lease, all publications
 
     def stage(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         with self.lock:
-            self.staged = self._write(state_dict)
-            return self.layout.views(self.slots.buffers[self.staged])
+            slot = self._write(state_dict)  # (the first one makes the layout and the slots)
+            return self.layout.views(self.slots.buffers[slot])
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with self.lock:
-            slot, self.staged = self.staged, None
-            if slot is None or not self._holds(slot, state_dict):
-                slot = self._write(state_dict)
+            buffers = self.slots.buffers if self.slots is not None else []
+            held = next((i for i, b in enumerate(buffers) if Layout.holds(b, state_dict)), None)
+            slot = self._write(state_dict) if held is None else held  # what :meth:`stage` returned is in place
             ray.get(self.board.set_slot.remote(version, slot))
             self.newest, self.last = slot, (version, None)
             self.publications += 1
-
-    def _holds(self, slot: int, state_dict: dict[str, torch.Tensor]) -> bool:
-        first = next(iter(state_dict.values()))
-        return first.untyped_storage().data_ptr() == self.slots.buffers[slot].untyped_storage().data_ptr()
 
     def _write(self, state_dict: dict[str, torch.Tensor]) -> int:
         layout = Layout.of(state_dict)
