@@ -20,8 +20,10 @@ demo, and SmolLM2-135M-Instruct on the word problems), one at a time, in its own
 
 Printed per setting and arm, over the seeds: wall-clock of the whole command, its ratio to sync's
 at the same seed (above 1: faster than sync), the gain of the greedy evaluation, the searchers'
-completions per completion the trainer drew (above 1: they made data it never drew), the seconds
-searchers paused, and the trainer's median step. Results go to ``--out``/results.json with the
+reward over the last ten logged steps (learning per step where the evaluation reaches the task's
+ceiling), the trainer's mean lag, the searchers' completions per completion the trainer drew (above
+1: they made data it never drew), the seconds searchers paused, the trainer's median step and the
+median seconds a publication held the trainer. Results go to ``--out``/results.json with the
 machine (a run again replaces its row).
 """
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_async_regimes import SETTINGS  # noqa: E402
-from bench_headline import outcome, train  # noqa: E402
+from bench_headline import outcome, sampled, train  # noqa: E402
 
 from tba.config import load_config  # noqa: E402
 from tba.machine import describe_machine, machine_line  # noqa: E402
@@ -69,8 +71,10 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
         "seed": seed,
         "runtime": config["runtime"],
         **outcome(summary, metric),
+        **sampled(out / name),
         "wall_clock_s": round(wall, 1),
         "step_s_median": statistics.median(r["train/step_s"] for r in rows) if rows else None,
+        "publish_s_median": statistics.median(r.get("train/publish_s", 0.0) for r in rows) if rows else None,
         "made_per_drawn": made / drawn if made and drawn else None,
         "paused_s": last.get("searcher/paused_s"),
         "startup_s": summary.get("startup_s"),
@@ -83,8 +87,11 @@ def report(rows: list[dict], environment: dict | None) -> None:
     sync = {(r["setting"], r["seed"]): r["wall_clock_s"] for r in rows if r["arm"] == "sync"}
     for setting in dict.fromkeys(r["setting"] for r in rows):
         print(f"\n### {setting}\n")
-        print("| arm | runtime | seeds | wall, s | vs sync | gain | made / drawn | paused, s | step, s |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(
+            "| arm | runtime | seeds | wall, s | vs sync | gain | sampled, last 10 | lag | made / drawn "
+            "| paused, s | step, s | publish on path, s |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for arm in ARMS:
             rs = sorted((r for r in rows if r["setting"] == setting and r["arm"] == arm), key=lambda r: r["seed"])
             if not rs:
@@ -102,9 +109,12 @@ def report(rows: list[dict], environment: dict | None) -> None:
                 f"{mean('wall_clock_s'):.0f}",
                 f"{statistics.mean(ratios):.2f}x" if ratios else "-",
                 f"{mean('gain'):.3f}",
+                "-" if mean("sampled_last10") is None else f"{mean('sampled_last10'):.3f}",
+                "-" if mean("lag_mean") is None else f"{mean('lag_mean'):.2f}",
                 "-" if mean("made_per_drawn") is None else f"{mean('made_per_drawn'):.2f}",
                 "-" if mean("paused_s") is None else f"{mean('paused_s'):.0f}",
                 "-" if mean("step_s_median") is None else f"{mean('step_s_median'):.2f}",
+                "-" if mean("publish_s_median") is None else f"{mean('publish_s_median'):.3f}",
             ]
             print("| " + " | ".join(cells) + " |")
 
