@@ -65,6 +65,7 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     drawn = len(rows) * cfg.trainer.batch_prompts * cfg.generation.group_size or None
     last = rows[-1] if rows else {}
     made = last.get("searcher/completions")
+    published = [r["train/publish_s"] for r in rows if "train/publish_s" in r]
     return {
         "setting": setting,
         "arm": arm,
@@ -74,7 +75,7 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
         **sampled(out / name),
         "wall_clock_s": round(wall, 1),
         "step_s_median": statistics.median(r["train/step_s"] for r in rows) if rows else None,
-        "publish_s_median": statistics.median(r.get("train/publish_s", 0.0) for r in rows) if rows else None,
+        "publish_s_median": statistics.median(published) if published else None,
         "made_per_drawn": made / drawn if made and drawn else None,
         "paused_s": last.get("searcher/paused_s"),
         "startup_s": summary.get("startup_s"),
@@ -97,24 +98,25 @@ def report(rows: list[dict], environment: dict | None) -> None:
             if not rs:
                 continue
 
-            def mean(key, rs=rs):
+            def cell(key, spec, rs=rs):
+                """The mean of ``key`` over the seeds that have it, formatted, or "-" where none has."""
                 values = [r[key] for r in rs if r.get(key) is not None]
-                return statistics.mean(values) if values else None
+                return format(statistics.mean(values), spec) if values else "-"
 
             ratios = [sync[(setting, r["seed"])] / r["wall_clock_s"] for r in rs if (setting, r["seed"]) in sync]
             cells = [
                 arm,
                 rs[0]["runtime"],
                 ",".join(str(r["seed"]) for r in rs),
-                f"{mean('wall_clock_s'):.0f}",
+                cell("wall_clock_s", ".0f"),
                 f"{statistics.mean(ratios):.2f}x" if ratios else "-",
-                f"{mean('gain'):.3f}",
-                "-" if mean("sampled_last10") is None else f"{mean('sampled_last10'):.3f}",
-                "-" if mean("lag_mean") is None else f"{mean('lag_mean'):.2f}",
-                "-" if mean("made_per_drawn") is None else f"{mean('made_per_drawn'):.2f}",
-                "-" if mean("paused_s") is None else f"{mean('paused_s'):.0f}",
-                "-" if mean("step_s_median") is None else f"{mean('step_s_median'):.2f}",
-                "-" if mean("publish_s_median") is None else f"{mean('publish_s_median'):.3f}",
+                cell("gain", ".3f"),
+                cell("sampled_last10", ".3f"),
+                cell("lag_mean", ".2f"),
+                cell("made_per_drawn", ".2f"),
+                cell("paused_s", ".0f"),
+                cell("step_s_median", ".2f"),
+                cell("publish_s_median", ".3f"),
             ]
             print("| " + " | ".join(cells) + " |")
 
