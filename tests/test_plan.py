@@ -68,6 +68,29 @@ def test_ranks_and_threads_follow_the_cores():
     assert (r.trainer_threads, r.searcher_threads) == (4, 2)
 
 
+def test_processes_asking_for_more_cores_than_the_machine_has_are_warned_of_not_refused(tmp_path):
+    crowded = plan(["--runtime.type=ray", "--runtime.trainer_cpus=2"])
+    assert crowded.warnings == (
+        "the trainer's 2 and the searchers' 1 threads ask for 3 of this machine's 2 core(s), and processes that "
+        "share cores slow each other; lower runtime.trainer_cpus (or run.threads) and runtime.searcher_cpus, or "
+        "leave runtime.type=auto to generate and train in turns",
+    )
+    assert crowded.lines()[-1] == f"  warning: {crowded.warnings[0]}"
+    crowded.save(tmp_path)
+    assert Plan.load(tmp_path) == crowded
+    assert plan(["--runtime.type=ray"]).warnings == ()  # the default split: a core each
+    assert plan(["--runtime.type=ray", "--runtime.trainer_cpus=2"], Hardware(cpus=4)).warnings == ()
+    assert (
+        "ask for 3 of" in plan(["--runtime.type=ray", "--runtime.num_searchers=2"]).warnings[0]
+    )  # trainer: 1 at least
+    evaluating = ["--runtime.type=ray", "--eval.async=true"]
+    assert plan(evaluating, Hardware(cpus=3)).warnings == ()  # 1 + 1 + 1
+    assert "evaluation's 1 threads ask for 5 of" in plan([*evaluating, "--run.threads=3"], Hardware(cpus=4)).warnings[0]
+    remote = ["--runtime.type=ray", "--runtime.trainer_cpus=2", "--runtime.address=auto"]
+    assert plan(remote).warnings == ()  # joining a cluster: the searchers may be elsewhere
+    assert plan(["--runtime.type=sync", "--run.threads=4"]).warnings == ()
+
+
 def test_a_builtin_model_is_located_without_being_built(tmp_path):
     p = plan([f"--model.cache_dir={tmp_path}", "--task.digits=1", "--task.operators=*"])
     assert p.policy == p.reference and p.policy.startswith(str(tmp_path / "tiny-arithmetic-"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,14 @@ from tba.plan.auto import (
     stale_by_design,
     streams,
     tb_trust_region,
+)
+from tba.plan.placement import (
+    actor_gpu_shares,
+    local_ray_gpus,
+    oversubscription,
+    rank_cpus,
+    searcher_cpus,
+    trainer_threads,
 )
 
 __all__ = ["Hardware", "Plan", "make_plan", "resolve_runtime"]
@@ -80,6 +87,8 @@ class Plan:
     why: dict[str, str] = field(default_factory=dict)
     max_ahead: int | None = None
     """The ray runtime's cap on what searchers run ahead of the trainer, in steps (``runtime.max_ahead``)."""
+    warnings: tuple[str, ...] = ()
+    """What the plan allows but advises against (processes asking for more cores than there are)."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -102,6 +111,7 @@ class Plan:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["eos_ids"] = list(self.eos_ids)
+        data["warnings"] = list(self.warnings)
         return data
 
     @classmethod
@@ -109,6 +119,7 @@ class Plan:
         data = dict(data)
         data["hardware"] = Hardware(**data["hardware"])
         data["eos_ids"] = tuple(data.get("eos_ids", ()))
+        data["warnings"] = tuple(data.get("warnings", ()))
         return cls(**data)
 
     def save(self, run_dir: Path) -> Path:
@@ -148,6 +159,7 @@ class Plan:
             + ("no gradient clipping" if self.grad_clip is None else f"gradient norm clipped at {self.grad_clip:g}")
         )
         out += [f"  {key}: {reason}" for key, reason in self.why.items()]
+        out += [f"  warning: {text}" for text in self.warnings]
         return out
 
 
@@ -180,90 +192,6 @@ def model_location(name: str, cfg: Config) -> str:
     else:
         path = tiny_model_path(warm, cfg.model.cache_dir)
     return str(shipped(path.name) or path)
-
-
-def searcher_cpus(cfg: Config) -> float:
-    """The CPUs that the ray runtime reserves for its searchers and its evaluation actor."""
-    r = cfg.runtime
-    return r.num_searchers * r.searcher_cpus + (cfg.eval.eval_cpus if cfg.eval.async_ else 0)
-
-
-def rank_cpus(cfg: Config, cpus: int) -> float:
-    """``runtime.rank_cpus``, by default the ``cpus`` that searchers and evaluation leave (one kept
-    for the ``tba train`` process in the sync runtime, which generates), split over the ranks."""
-    r = cfg.runtime
-    if r.rank_cpus is not None:
-        return r.rank_cpus
-    taken = searcher_cpus(cfg) if r.type == "ray" else 1
-    return round(max(1.0, cpus - taken) / cfg.trainer.num_ranks, 4)
-
-
-def trainer_threads(cfg: Config, cpus: int) -> int:
-    """The ray runtime's trainer: ``runtime.trainer_cpus``, else the local cores the searchers (and
-    ranks) leave; joining a cluster, every local core (the searchers may be elsewhere)."""
-    if cfg.runtime.trainer_cpus:
-        return cfg.runtime.trainer_cpus
-    if cfg.runtime.address:
-        return cpus
-    taken = searcher_cpus(cfg)
-    if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
-        taken += cfg.trainer.num_ranks * rank_cpus(cfg, cpus)
-    return max(1, int(cpus - taken))
-
-
-def share_of(actors: int, gpus: float, with_trainer: bool) -> float:
-    """One actor's share when ``actors`` share ``gpus`` GPUs (and the trainer too, on the only GPU,
-    when ``with_trainer``): a whole GPU each if there are enough, else 1/n of one with n per GPU."""
-    if with_trainer:
-        return 1.0 / (actors + 1)
-    per_gpu = math.ceil(actors / int(gpus))
-    return 1.0 if per_gpu == 1 else 1.0 / per_gpu
-
-
-def actor_gpu_shares(cfg: Config, device: str, ray_gpus: float, trainer_gpu_shared: bool) -> tuple[float, float]:
-    """(``runtime.searcher_gpus``, ``eval.eval_gpus``): as given, else derived from the GPUs Ray has
-    (``ray_gpus``; ``trainer_gpu_shared``: they are the trainer's one GPU). A CPU run gives actors no
-    GPU. Raises :class:`ConfigError` for a CUDA run whose actors would get none."""
-    r, e = cfg.runtime, cfg.eval
-    searcher, evaluation = r.searcher_gpus, e.eval_gpus
-    if not device.startswith("cuda"):
-        return searcher or 0.0, evaluation or 0.0
-    wanted = [("runtime.searcher_gpus", searcher)] + ([("eval.eval_gpus", evaluation)] if e.async_ else [])
-    for key, value in wanted:
-        if value == 0:
-            raise ConfigError(
-                f"{key}=0 on a CUDA run (run.device={cfg.run.device}): Ray gives an actor that asks for no GPU "
-                "none of its own (it sees no GPU, or all of them uncounted, by Ray's version). Give it a share "
-                f"(e.g. {key}=0.5) or leave it unset"
-            )
-    actors = (r.num_searchers if searcher is None else 0) + (1 if e.async_ and evaluation is None else 0)
-    if actors:
-        free = ray_gpus - (cfg.trainer.num_ranks if cfg.trainer.num_ranks > 1 else 0)
-        if free < 1:
-            raise ConfigError(
-                f"run.device={cfg.run.device}: Ray has {ray_gpus:g} GPU(s) and the trainer ranks take "
-                f"{cfg.trainer.num_ranks}, leaving none for the searchers{' and evaluation' if e.async_ else ''}; "
-                "set runtime.searcher_gpus (and eval.eval_gpus) to share theirs, or lower trainer.num_ranks"
-            )
-        share = share_of(actors, free, trainer_gpu_shared and cfg.trainer.num_ranks == 1)
-        searcher = share if searcher is None else searcher
-        evaluation = share if evaluation is None and e.async_ else evaluation
-    return searcher, evaluation or 0.0
-
-
-def driver_holds_gpu(cfg: Config, device: str) -> bool:
-    """Whether the ``tba train`` process uses a GPU that Ray must not hand out: it trains (and in the
-    sync runtime with ranks, generates and keeps the policy copy) on ``device``; the ray runtime
-    with trainer ranks keeps its copy on the CPU."""
-    return device.startswith("cuda") and not (cfg.runtime.type == "ray" and cfg.trainer.num_ranks > 1)
-
-
-def local_ray_gpus(cfg: Config, device: str, hardware: Hardware) -> tuple[int, bool]:
-    """The GPUs a local Ray instance gets, and whether they are the trainer's own one: every GPU
-    but the trainer's when there are several (see :mod:`tba.runtime.cluster`)."""
-    if driver_holds_gpu(cfg, device) and hardware.gpus >= 2:
-        return hardware.gpus - 1, False
-    return hardware.gpus, hardware.gpus == 1
 
 
 def stream_kind(cfg: Config, device: str) -> str:
@@ -388,6 +316,8 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         why["trainer_threads"] = f"the {hw.cpus} core(s) less the searchers' {searcher_cpus(cfg):g}"
     ranks = cfg.trainer.num_ranks > 1
     rank_share = rank_cpus(cfg, hw.cpus) if ranks else None
+    rank_threads = max(1, int(rank_share)) if rank_share else None
+    crowded = oversubscription(cfg, hw.cpus, threads, rank_threads) if ray_runtime else None
     if not needs_sampler_logps(o, band):
         logprobs = "none"
     elif g.backend == "vllm":
@@ -416,10 +346,11 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         sampler_logprobs=logprobs,
         trainer_threads=threads,
         searcher_threads=max(1, int(r.searcher_cpus)),
-        rank_threads=max(1, int(rank_share)) if rank_share else None,
+        rank_threads=rank_threads,
         rank_cpus=rank_share,
         searcher_gpus=searcher_gpus,
         eval_gpus=eval_gpus,
         why=why,
         max_ahead=r.max_ahead if ray_runtime else None,
+        warnings=(crowded,) if crowded else (),
     )
