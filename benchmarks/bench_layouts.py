@@ -18,7 +18,8 @@ demo, and SmolLM2-135M-Instruct on the word problems), one at a time, in its own
 - ``ray_ahead1_t2``: the cap, the trainer on every core: the trainer's threads have the cores
   while the searcher waits.
 
-Printed per setting and arm, over the seeds: wall-clock of the whole command, its ratio to sync's
+Printed per setting and arm, over the seeds (mean, ± the standard deviation where there are two or
+more for the ratio, the gain and the sampled reward): wall-clock of the whole command, its ratio to sync's
 at the same seed (above 1: faster than sync), the gain of the greedy evaluation, the searchers'
 reward over the last ten logged steps (learning per step where the evaluation reaches the task's
 ceiling), the trainer's mean lag, the searchers' completions per completion the trainer drew (above
@@ -98,6 +99,13 @@ def report(rows: list[dict], environment: dict | None) -> None:
             if not rs:
                 continue
 
+            def spread(values, spec, suffix=""):
+                """The mean of ``values``, with their standard deviation over two or more seeds."""
+                if not values:
+                    return "-"
+                mean = format(statistics.mean(values), spec) + suffix
+                return mean if len(values) < 2 else f"{mean} ± {format(statistics.stdev(values), spec)}"
+
             def cell(key, spec, rs=rs):
                 """The mean of ``key`` over the seeds that have it, formatted, or "-" where none has."""
                 values = [r[key] for r in rs if r.get(key) is not None]
@@ -109,9 +117,9 @@ def report(rows: list[dict], environment: dict | None) -> None:
                 rs[0]["runtime"],
                 ",".join(str(r["seed"]) for r in rs),
                 cell("wall_clock_s", ".0f"),
-                f"{statistics.mean(ratios):.2f}x" if ratios else "-",
-                cell("gain", ".3f"),
-                cell("sampled_last10", ".3f"),
+                spread(ratios, ".2f", "x"),
+                spread([r["gain"] for r in rs if r.get("gain") is not None], ".3f"),
+                spread([r["sampled_last10"] for r in rs if r.get("sampled_last10") is not None], ".3f"),
                 cell("lag_mean", ".2f"),
                 cell("made_per_drawn", ".2f"),
                 cell("paused_s", ".0f"),
