@@ -34,6 +34,7 @@ step, the publisher thread's seconds, and the receiver's fetch and load seconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -229,13 +230,14 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     print(f"machine: {machine_line()}; trainer threads {a.threads}", flush=True)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False)
-    rows = []
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / "results.json"
     try:
         for size in a.sizes:
             for dtype in a.dtypes:
                 for arm in a.arms:
                     row = run_arm(size, dtype, arm, a.steps, a.prompts, a.length)
-                    rows.append(row)
+                    gc.collect()  # the arm's trainer, optimizer state and buffers, before the next one builds its own
                     print(
                         f"{size:>5} {dtype:>8} {arm:>10}: step {row['step_s']:.2f} s, on the trainer's path "
                         f"{row['publish_path_s']:.3f} s ({100 * row['path_share']:.1f}%), background "
@@ -243,14 +245,13 @@ def main() -> None:
                         f"({row['published_mb']} MB)",
                         flush=True,
                     )
+                    # each row as it lands, replacing an earlier run's row of the same size, dtype and arm
+                    kept = json.loads(path.read_text())["rows"] if path.is_file() else []
+                    key = (row["size"], row["dtype"], row["arm"])
+                    rows = [r for r in kept if (r["size"], r["dtype"], r["arm"]) != key] + [row]
+                    path.write_text(json.dumps({"environment": describe_machine(), "rows": rows}, indent=2) + "\n")
     finally:
         ray.shutdown()
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / "results.json"
-    ran = {(r["size"], r["dtype"], r["arm"]) for r in rows}
-    kept = json.loads(path.read_text())["rows"] if path.is_file() else []  # rows this invocation did not run
-    rows = [r for r in kept if (r["size"], r["dtype"], r["arm"]) not in ran] + rows
-    path.write_text(json.dumps({"environment": describe_machine(), "rows": rows}, indent=2) + "\n")
     print(f"wrote {a.out / 'results.json'}")
 
 
