@@ -84,6 +84,15 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     }
 
 
+def spread(values: list[float], spec: str, suffix: str = "") -> str:
+    """The mean of ``values``, with their standard deviation where there are two or more (one seed
+    claims no spread), or "-" where there are none."""
+    if not values:
+        return "-"
+    mean = format(statistics.mean(values), spec) + suffix
+    return mean if len(values) < 2 else f"{mean} ± {format(statistics.stdev(values), spec)}"
+
+
 def report(rows: list[dict], environment: dict | None) -> None:
     print(f"machine: {machine_line(environment)}" if environment else "machine: unknown")
     sync = {(r["setting"], r["seed"]): r["wall_clock_s"] for r in rows if r["arm"] == "sync"}
@@ -99,16 +108,13 @@ def report(rows: list[dict], environment: dict | None) -> None:
             if not rs:
                 continue
 
-            def spread(values, spec, suffix=""):
-                """The mean of ``values``, with their standard deviation over two or more seeds."""
-                if not values:
-                    return "-"
-                mean = format(statistics.mean(values), spec) + suffix
-                return mean if len(values) < 2 else f"{mean} ± {format(statistics.stdev(values), spec)}"
+            def present(key, rs=rs):
+                """``key``'s values over the seeds that have it."""
+                return [r[key] for r in rs if r.get(key) is not None]
 
-            def cell(key, spec, rs=rs):
+            def cell(key, spec):
                 """The mean of ``key`` over the seeds that have it, formatted, or "-" where none has."""
-                values = [r[key] for r in rs if r.get(key) is not None]
+                values = present(key)
                 return format(statistics.mean(values), spec) if values else "-"
 
             ratios = [sync[(setting, r["seed"])] / r["wall_clock_s"] for r in rs if (setting, r["seed"]) in sync]
@@ -118,8 +124,8 @@ def report(rows: list[dict], environment: dict | None) -> None:
                 ",".join(str(r["seed"]) for r in rs),
                 cell("wall_clock_s", ".0f"),
                 spread(ratios, ".2f", "x"),
-                spread([r["gain"] for r in rs if r.get("gain") is not None], ".3f"),
-                spread([r["sampled_last10"] for r in rs if r.get("sampled_last10") is not None], ".3f"),
+                spread(present("gain"), ".3f"),
+                spread(present("sampled_last10"), ".3f"),
                 cell("lag_mean", ".2f"),
                 cell("made_per_drawn", ".2f"),
                 cell("paused_s", ".0f"),

@@ -318,7 +318,8 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     ranks = cfg.trainer.num_ranks > 1
     rank_share = rank_cpus(cfg, hw.cpus) if ranks else None
     rank_threads = max(1, int(rank_share)) if rank_share else None
-    crowded = oversubscription(cfg, hw.cpus, threads, rank_threads) if ray_runtime else None
+    searcher_threads = max(1, int(r.searcher_cpus))
+    crowded = oversubscription(cfg, hw.cpus, threads, searcher_threads, rank_threads) if ray_runtime else None
     if not needs_sampler_logps(o, band):
         logprobs = "none"
     elif g.backend == "vllm":
@@ -346,7 +347,7 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         grad_clip=grad_clip(cfg.trainer, o.type),
         sampler_logprobs=logprobs,
         trainer_threads=threads,
-        searcher_threads=max(1, int(r.searcher_cpus)),
+        searcher_threads=searcher_threads,
         rank_threads=rank_threads,
         rank_cpus=rank_share,
         searcher_gpus=searcher_gpus,

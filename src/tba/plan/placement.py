@@ -95,16 +95,18 @@ def local_ray_gpus(cfg: Config, device: str, hardware: Hardware) -> tuple[int, b
     return hardware.gpus, hardware.gpus == 1
 
 
-def oversubscription(cfg: Config, cpus: int, trainer: int, rank_threads: int | None) -> str | None:
+def oversubscription(cfg: Config, cpus: int, trainer: int, searcher: int, rank_threads: int | None) -> str | None:
     """A warning when the ray runtime's processes on this machine ask for more CPU threads than it
-    has cores (``trainer``: the trainer's threads; ``rank_threads``: each rank's), else None. Not an
-    error, as a user may mean it; but on 2 cores a trainer given both beside a searcher made that
-    searcher's weight load into vLLM 23x slower (benchmarks/results/layouts/README.md). Joining a
-    cluster, the searchers may run elsewhere: no warning."""
+    has cores (``trainer``, ``searcher``, ``rank_threads``: the threads of the trainer, of each
+    searcher and of each rank, as the plan gives them), else None; the caller asks for the ray
+    runtime only. Not an error, as a user may mean it; but on 2 cores a trainer given both beside a
+    searcher made that searcher's weight load into vLLM 23x slower
+    (benchmarks/results/layouts/README.md). Joining a cluster, the searchers may run elsewhere: no
+    warning."""
     r = cfg.runtime
-    if r.type != "ray" or r.address:
+    if r.address:
         return None
-    searchers = r.num_searchers * max(1, int(r.searcher_cpus))
+    searchers = r.num_searchers * searcher
     parts = [(f"the trainer's {trainer}", trainer), (f"the searchers' {searchers}", searchers)]
     if cfg.eval.async_:
         evaluation = max(1, int(cfg.eval.eval_cpus))
