@@ -5,12 +5,22 @@ engine), sampling throughput, and the seconds to take new weights (as after a pu
     .venv/bin/python benchmarks/bench_generation.py                      # CPU, a small random Llama
     .venv/bin/python benchmarks/bench_generation.py --lora 16            # a rank-16 LoRA policy, 3 ways
     python benchmarks/bench_generation.py --device cuda --hidden 896 --layers 24 --heads 14 --vocab 151936
+    python benchmarks/bench_generation.py --device cuda --dtype bfloat16 --backends vllm --enforce-eager \
+        --model runs/bench-gpu/model --k 8 --new-tokens 128 --in-flight 8 32 128 512   # a sweep, one engine
 
 Each backend runs in a fresh process (an in-process vLLM engine changes the process it lives in)
 through the backends' own classes (``HFGenerator``, ``VLLMGenerator``). Completions are held to
 exactly ``--new-tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``), so both backends
 generate the same number of tokens; tokens/s counts completion tokens. Each figure is the best of
 ``--repeats`` after one warm-up batch. Results: a table on stdout and ``--out``/results.json.
+
+``--in-flight N ...`` sweeps the number of sequences generated at once (``N / --k`` prompts of
+``--k`` samples each, every sequence of the batch in flight together): each backend's process
+builds its engine once, with room for the largest N (vLLM's ``max_num_seqs``), and measures every
+point on it, smallest first, each after its own warm-up batch. ``--model PATH`` measures a model
+folder that exists already (e.g. ``bench_gpu.py --build-only``'s Qwen2.5-0.5B shape) instead of the
+random Llama; ``--backends`` picks the backends (e.g. ``vllm`` alone); ``--enforce-eager`` runs vLLM
+without CUDA graphs (its default on a CPU; on a GPU it compiles them at start-up).
 
 ``--lora R`` compares the ways to sample from a LoRA policy (rank R on every linear layer, random
 trained-looking adapter): HF ``generate`` through the PEFT model, vLLM with the adapter merged into
@@ -73,7 +83,7 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)  # before an engine makes it a no-op
     device = torch.device(a.device)
     dtype = resolve_dtype(a.dtype, device)
-    eos = {2}
+    eos, pad, vocab = model_ids(path, a)
     start = time.perf_counter()
     adapter = None
     if backend == "hf":
@@ -82,14 +92,43 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         if a.lora:
             model = adapter = with_adapter(model, a)
-        generator = HFGenerator(model, pad_id=0, eos_ids=eos)
+        generator = HFGenerator(model, pad_id=pad, eos_ids=eos, batch_size=max([512, *a.in_flight]))
     elif backend == "vllm-lora-native":
         generator = NativeLoraGenerator(path, eos, device, dtype, a)
         adapter = generator.adapter
     else:
         from tba.generation.vllm_backend import MergedLoraGenerator, VLLMGenerator
 
-        generator = VLLMGenerator(path, eos, device, dtype, kv_cache_gb=a.kv_cache_gb)
+        if a.in_flight:  # room for the largest point in one engine: vLLM's LLM with max_num_seqs set
+            from tba.generation.vllm_backend import import_vllm
+
+            vllm = import_vllm()
+            cpu = device.type == "cpu"
+            llm = vllm.LLM(
+                model=path,
+                dtype=dtype,
+                seed=0,
+                enforce_eager=cpu or a.enforce_eager,
+                logprobs_mode="raw_logprobs",
+                max_num_seqs=max(a.in_flight),
+                max_model_len=a.prompt_len + a.new_tokens + 8,
+                **(
+                    {"kv_cache_memory_bytes": int(a.kv_cache_gb * 2**30)}
+                    if cpu
+                    else {"gpu_memory_utilization": a.gpu_memory_utilization}
+                ),
+            )
+            generator = VLLMGenerator.over(vllm, llm, eos)
+        else:
+            generator = VLLMGenerator(
+                path,
+                eos,
+                device,
+                dtype,
+                kv_cache_gb=a.kv_cache_gb,
+                gpu_memory_utilization=a.gpu_memory_utilization,
+                enforce_eager=True if a.enforce_eager else None,
+            )
         if a.lora:
             adapter = with_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), a)
             generator = MergedLoraGenerator(generator, adapter)
@@ -97,20 +136,38 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
     start_s = time.perf_counter() - start
 
     rng = random.Random(0)
-    vocab = a.vocab
-    prompts = [[1] + [rng.randrange(3, vocab) for _ in range(a.prompt_len - 1)] for _ in range(a.prompts)]
-    params = SamplingParams(
-        n=a.k, temperature=1.0, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, logprobs=a.logprobs
-    )
-    generator.generate(prompts[:2], params)  # warm-up
-    seconds, tokens = [], 0
-    for _ in range(a.repeats):
-        t0 = time.perf_counter()
-        out = generator.generate(prompts, params)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds.append(time.perf_counter() - t0)
-        tokens = sum(len(c.token_ids) for group in out for c in group)
+
+    def prompts_of(count: int) -> list[list[int]]:  # new ones each batch: no prefix-cache hits across batches
+        return [[1] + [rng.randrange(3, vocab) for _ in range(a.prompt_len - 1)] for _ in range(count)]
+
+    def timed(count: int, k: int, warm: int) -> tuple[float, int]:
+        """Best seconds of --repeats batches of ``count`` prompts x ``k`` samples, and their tokens."""
+        params = SamplingParams(
+            n=k, temperature=1.0, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, logprobs=a.logprobs
+        )
+        generator.generate(prompts_of(warm), params)  # warm-up
+        seconds, tokens = [], 0
+        for _ in range(a.repeats):
+            batch = prompts_of(count)
+            t0 = time.perf_counter()
+            out = generator.generate(batch, params)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - t0)
+            tokens = sum(len(c.token_ids) for group in out for c in group)
+        return min(seconds), tokens
+
+    sweep = []
+    for n in sorted(a.in_flight):
+        k = min(a.k, n)
+        best, n_tokens = timed(n // k, k, n // k)
+        sweep.append({"in_flight": n // k * k, "generate_s": best, "tokens": n_tokens, "tokens_per_s": n_tokens / best})
+        print(json.dumps({"backend": backend, **sweep[-1]}), file=sys.stderr, flush=True)
+    if sweep:
+        seconds, tokens = [sweep[-1]["generate_s"]], sweep[-1]["tokens"]
+    else:
+        best, tokens = timed(a.prompts, a.k, 2)
+        seconds = [best]
 
     if adapter is not None:
         state = {k: v.clone() for k, v in published_state(adapter).items()}
@@ -122,7 +179,9 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         generator.load_weights(state, version)
         if a.lora:
-            generator.generate(prompts[:1], one_token)
+            generator.generate(prompts_of(1), one_token)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         updates.append(time.perf_counter() - t0)
     return {
         "backend": backend,
@@ -131,7 +190,21 @@ def measure(backend: str, path: str, a: argparse.Namespace) -> dict:
         "tokens": tokens,
         "tokens_per_s": tokens / min(seconds),
         "load_weights_s": min(updates),
+        "sweep": sweep,
     }
+
+
+def model_ids(path: str, a: argparse.Namespace) -> tuple[set[int], int, int]:
+    """End ids, pad id and vocabulary size: the random Llama's (2, 0, ``--vocab``), or a
+    ``--model`` folder's own (its config's)."""
+    if a.model is None:
+        return {2}, 0, a.vocab
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    return {e for e in eos if e is not None} or {2}, pad, config.vocab_size
 
 
 def with_adapter(model, a: argparse.Namespace):
@@ -198,10 +271,17 @@ def run_one(backend: str, path: Path, a: argparse.Namespace) -> dict:
     for key in ("device", "dtype", "threads", "prompts", "k", "prompt_len", "new_tokens", "repeats", "vocab"):
         args += [f"--{key.replace('_', '-')}", str(getattr(a, key))]
     args += ["--kv-cache-gb", str(a.kv_cache_gb), "--lora", str(a.lora)] + (["--logprobs"] if a.logprobs else [])
+    args += ["--gpu-memory-utilization", str(a.gpu_memory_utilization)] + (
+        ["--enforce-eager"] if a.enforce_eager else []
+    )
+    args += ["--in-flight", *map(str, a.in_flight)] if a.in_flight else []
+    args += ["--model", str(a.model)] if a.model else []
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        args, stdout=subprocess.PIPE, stderr=None if a.verbose else subprocess.PIPE, text=True, env=env
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{backend} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{backend} failed:\n{(proc.stderr or '(its stderr is above)')[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -224,6 +304,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="vLLM's KV cache on a CPU")
     p.add_argument("--logprobs", action="store_true", help="also return sampled-token log-probs (ratio objectives)")
     p.add_argument("--lora", type=int, default=0, help="rank of a LoRA policy: compare merging with vLLM's LoRA")
+    p.add_argument("--backends", nargs="+", default=None, help="default: hf vllm (with --lora: its three ways)")
+    p.add_argument(
+        "--in-flight", type=int, nargs="+", default=[], metavar="N", help="sweep: N sequences at once (N / --k prompts)"
+    )
+    p.add_argument("--model", type=Path, default=None, help="an existing model folder instead of the random Llama")
+    p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs on a GPU too")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share of the GPU")
+    p.add_argument("--verbose", action="store_true", help="show each backend's stderr as it runs (sweep points)")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/generation[_lora]")
     p.add_argument("--one", nargs=2, metavar=("BACKEND", "MODEL"), help=argparse.SUPPRESS)
     return p.parse_args()
@@ -236,22 +324,35 @@ def main() -> None:
         return
     print(f"machine: {machine_line()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        build_model(a, Path(tmp))
-        backends = ("hf", "vllm-lora-merged", "vllm-lora-native") if a.lora else ("hf", "vllm")
-        rows = [run_one(backend, Path(tmp), a) for backend in backends]
+        if a.model is None:
+            build_model(a, Path(tmp))
+        backends = a.backends or (("hf", "vllm-lora-merged", "vllm-lora-native") if a.lora else ("hf", "vllm"))
+        rows = [run_one(backend, a.model or Path(tmp), a) for backend in backends]
     a.out = a.out or Path("benchmarks/results/generation" + ("_lora" if a.lora else ""))
-    hf = rows[0]
+    first = rows[0]
     shape = f"{a.prompts} prompts x {a.k} samples, {a.prompt_len} + {a.new_tokens} tokens"
     lora = f", LoRA rank {a.lora} on every linear layer" if a.lora else ""
-    print(f"{shape}, hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}, {a.device}, {a.threads} threads{lora}")
+    model = f"model {a.model}" if a.model else f"hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}"
+    eager = ", vLLM eager" if a.enforce_eager else ""
+    print(f"{shape}, {model}, {a.device}, {a.dtype}, {a.threads} threads{lora}{eager}")
     update = "update s (new adapter + 1 token)" if a.lora else "load weights s"
-    print(f"| backend | start-up s | batch s | tokens/s | tokens/s vs HF | {update} |")
+    print(f"| backend | start-up s | batch s | tokens/s | tokens/s vs {first['backend']} | {update} |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['backend']} | {r['start_s']:.2f} | {r['generate_s']:.2f} | {r['tokens_per_s']:,.0f} | "
-            f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f} | {r['load_weights_s']:.3f} |"
+            f"{r['tokens_per_s'] / first['tokens_per_s']:.2f} | {r['load_weights_s']:.3f} |"
         )
+    if a.in_flight:
+        print(f"\n{a.prompt_len} + {a.new_tokens} tokens, {a.k} samples a prompt; best of {a.repeats}")
+        print("| backend | sequences in flight | batch s | tokens | tokens/s |")
+        print("|---|---:|---:|---:|---:|")
+        for r in rows:
+            for point in r["sweep"]:
+                print(
+                    f"| {r['backend']} | {point['in_flight']} | {point['generate_s']:.2f} | {point['tokens']:,} "
+                    f"| {point['tokens_per_s']:,.0f} |"
+                )
     a.out.mkdir(parents=True, exist_ok=True)
     result = {
         "command": shlex.join([".venv/bin/python", "benchmarks/bench_generation.py", *sys.argv[1:]]),

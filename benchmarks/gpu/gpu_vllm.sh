@@ -12,17 +12,29 @@
 #   ../shared/device/vllm/make_parts.sh /tmp/vraw 400M; ../shared/device/bundle.sh .whl
 #   then tar vLLM's bundle/ with the .whl wheels it lacks into tbagpu.tar, split -b 44M into
 #   .vparts/tbagpu.tar.partNN, and write its sha256 (as "<sum>  b.tar") to .vparts/tbagpu.tar.sha256
+# Four parts instead of five (the H200 lease, 2026-11-28): also drop vllm/_moe_C_stable_libtorch.abi3.so
+# from the vLLM wheel (39 MiB; MoE kernels only, its import is optional) and its RECORD line, as
+# make_parts.sh drops FA2, keep one copy of the wheels both sets hold (pydantic, pydantic-core,
+# annotated-types, typing-*, dill), and split -b 50000000: 175 MiB in four parts, each beside a
+# 12 MB repository within the 64 MiB a call carries: calls 1-3 carry part00-02, call 4 part03 with
+# the sha256 (and .gpusrc) and runs the script.
 # There, calls back to back (each within 30 s of the last, or /tmp is gone):
 #   calls 1-4: carry [".vparts/tbagpu.tar.partNN"]   command: mkdir -p /tmp/vparts && cp .vparts/* /tmp/vparts/
 #   call 5:    carry [".vparts/tbagpu.tar.part04", ".vparts/tbagpu.tar.sha256"]
 #              command: mkdir -p /tmp/vparts && cp .vparts/* /tmp/vparts/ && BUDGET=560 OUT=$OUT bash benchmarks/gpu/gpu_vllm.sh
+# With a frozen copy of the tree (git archive HEAD into the ignored .gpusrc, carried with the last
+# part): cd .gpusrc && ... bash benchmarks/gpu/gpu_vllm.sh, so edits made meanwhile do not travel.
 #
 # Kept in $OUT: env.txt, pytest_gpu.txt, bench.txt (progress and the tables), runs.tar.gz (every
-# run's metrics, summary, plan and log; no weights).
-# Options: ITEMS (what to run, in order; default "pytest bench"; also "stream": streaming against
+# run's metrics, summary, plan and log; no weights); with "gen": generation.txt, generation.json.
+# Options: ITEMS (what to run, in order; default "pytest bench"; also "gen": vLLM generation tokens/s
+# at IN_FLIGHT sequences at once ("8 32 128 512"), one eager bf16 engine over the 0.5B model,
+# GEN_PROMPT_LEN (32) + GEN_TOKENS (128) tokens, K = 8 samples a prompt; "stream": streaming against
 # batch searchers with vLLM at 0.5B, 16-512 tokens, K = 2 and 8, SECONDS_PER_WAY each (45); "packing":
 # bench_packing.py on the GPU; "demo": the demo with vLLM in the sync runtime), BENCH_ARGS (e.g.
-# "--shape tiny --new-tokens 8" for a smoke run on a CPU with DEVICE=cpu), STEPS (8).
+# "--shape tiny --new-tokens 8" for a smoke run on a CPU with DEVICE=cpu), STEPS (8), ARMS (the bench
+# item's runs, in order: "ray-ipc sync ray-os" by default), PYTEST_K (a -k expression: run only the
+# tests it names), PYTEST_TIMEOUT (150 s), GEN_TIMEOUT (240 s).
 set -u
 OUT=${OUT:-runs/gpu-vllm}
 BUDGET=${BUDGET:-560}
@@ -33,6 +45,8 @@ PARTS=${PARTS:-/tmp/vparts}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-8}
 ITEMS=" ${ITEMS:-pytest bench} "
+ARMS=${ARMS:-ray-ipc sync ray-os}
+IN_FLIGHT=${IN_FLIGHT:-8 32 128 512}
 SECONDS_PER_WAY=${SECONDS_PER_WAY:-45}
 wants() { [[ "$ITEMS" == *" $1 "* ]]; }
 BENCH_ARGS=${BENCH_ARGS:-}
@@ -56,12 +70,23 @@ tail -1 "$OUT/env.txt"
 $PY benchmarks/bench_gpu.py --out "$work/bench" --device $DEVICE $BENCH_ARGS --build-only > "$work/build.txt" 2>&1 &
 build=$!
 if wants pytest; then
-  echo "== pytest -m gpu ($(left) s left)"
-  timeout 150 $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_engine.py \
-    > "$OUT/pytest_gpu.txt" 2>&1
+  echo "== pytest -m gpu ${PYTEST_K:+-k \"$PYTEST_K\" }($(left) s left)"
+  timeout "${PYTEST_TIMEOUT:-150}" $PY -m pytest -m gpu -q -p no:cacheprovider -rA ${PYTEST_K:+-k "$PYTEST_K"} \
+    tests/test_gpu.py tests/test_gpu_engine.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest exit $?"; tail -15 "$OUT/pytest_gpu.txt"
 fi
 wait $build; cat "$work/build.txt" | tail -2
+
+# 1b. vLLM generation alone: tokens/s at each number of sequences in flight, one engine for all
+if wants gen; then
+  echo "== generation sweep, in flight: $IN_FLIGHT ($(left) s left)"
+  timeout "${GEN_TIMEOUT:-240}" $PY benchmarks/bench_generation.py --backends vllm --device $DEVICE --dtype bfloat16 \
+    --model "$work/bench/model" --enforce-eager --k 8 --prompt-len "${GEN_PROMPT_LEN:-32}" \
+    --new-tokens "${GEN_TOKENS:-128}" --repeats 2 --in-flight $IN_FLIGHT --verbose --out "$work/gen" \
+    > "$OUT/generation.txt" 2>&1
+  echo "exit $?"; grep -v "^INFO\|^WARNING\|Loading" "$OUT/generation.txt" | tail -14
+  cp "$work/gen/results.json" "$OUT/generation.json" 2>/dev/null
+fi
 
 # 2. sync against ray at 0.5B with vLLM searchers (eager: no compile in a short lease), equal steps
 vllm="--generation.backend=vllm --generation.vllm.enforce_eager=true"
@@ -74,9 +99,16 @@ bench() {  # runtime, tag, deadline share of what is left, extra overrides
   tail -4 "$OUT/bench.txt"
 }
 if wants bench; then
-  bench ray -vllm-ipc 40 --runtime.weight_transport=ipc
-  bench sync -vllm 55
-  bench ray -vllm-os 92 --runtime.weight_transport=object_store
+  arms=($ARMS); n=${#arms[@]}; i=0
+  for arm in $ARMS; do  # each arm gets an equal share of what is left, the last one nearly all of it
+    i=$((i + 1)); share=$((i == n ? 92 : 100 / (n - i + 1)))
+    case $arm in
+      ray-ipc) bench ray -vllm-ipc $share --runtime.weight_transport=ipc ;;
+      sync) bench sync -vllm $share ;;
+      ray-os) bench ray -vllm-os $share --runtime.weight_transport=object_store ;;
+      *) echo "unknown arm $arm" ;;
+    esac
+  done
 fi
 
 # 3. streaming against batch searchers on the engine, long-tailed lengths (GPU.md item 4)
