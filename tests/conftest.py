@@ -148,3 +148,24 @@ def save_tiny_checkpoint(path, spec: TinySpec):
     build_tiny_llama(tokenizer, spec).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def assert_reports_declared(reported: dict) -> None:
+    """What a searcher reports (``Searcher.metrics()``) is declared in ``tba.searcher.counters``, and
+    every counter declared for all searchers is there: a renamed counter fails here, not as a zero."""
+    from tba.searcher.counters import ACTOR_KEYS, COUNTERS, declared
+
+    undeclared = sorted(k for k in reported if not declared(k))
+    assert not undeclared, f"declare {undeclared} in tba.searcher.counters.COUNTERS"
+    missing = [c.key for c in COUNTERS if not (c.optional or c.key in ACTOR_KEYS or c.key in reported)]
+    assert not missing, f"the searcher no longer reports {missing}"
+
+
+def components(cfg, log=lambda _: None, **kwargs):
+    """``build_components`` as ``tba train`` calls it: the task prepared and checked, the plan made
+    ready (models built and checked, EOS ids known)."""
+    from tba.runtime.build import build_components
+    from tba.runtime.preflight import prepare_task, ready_plan
+
+    prepared = prepare_task(cfg, log)
+    return build_components(cfg, ready_plan(cfg, prepared[1], log), log, prepared=prepared, **kwargs)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tba import demo
 from tba.config import load_config
+from tba.demo import index
+from tba.demo.warm_start import reached
 from tba.models.tiny import DEFAULT_SPEC, TinySpec
 from tba.runtime.policy import resolve_model_path
 
@@ -23,9 +26,9 @@ CONFIGS = {None: "tiny-arithmetic", "configs/custom_task.yaml": "tiny-arithmetic
 def test_the_demos_start_from_the_shipped_weights(config, tmp_path):
     cfg = load_config(config, [f"--model.cache_dir={tmp_path}"])
     path = resolve_model_path(cfg.model.policy, cfg, log=lambda m: pytest.fail(f"built a model: {m}"))
-    entry = demo.shipped_index()[demo.Path(path).name]
-    assert demo.Path(path).parent == demo.SHIPPED_DIR and demo.Path(path).name.startswith(CONFIGS[config])
-    assert demo.file_sha256(demo.Path(path) / "model.safetensors") == entry["sha256"]
+    entry = demo.shipped_index()[Path(path).name]
+    assert Path(path).parent == demo.SHIPPED_DIR and Path(path).name.startswith(CONFIGS[config])
+    assert demo.file_sha256(Path(path) / "model.safetensors") == entry["sha256"]
     assert not any(tmp_path.iterdir())  # nothing built, nothing cached
 
 
@@ -52,10 +55,10 @@ def test_a_shipped_model_evaluates_at_its_recorded_accuracy(kind):
 def test_a_damaged_shipped_model_is_refused(tmp_path, monkeypatch):
     copy = tmp_path / "demo_models"
     shutil.copytree(demo.SHIPPED_DIR, copy)
-    monkeypatch.setattr(demo, "SHIPPED_DIR", copy)
-    monkeypatch.setattr(demo, "SHIPPED_INDEX", copy / demo.SHIPPED_INDEX.name)
+    monkeypatch.setattr(index, "SHIPPED_DIR", copy)
+    monkeypatch.setattr(index, "SHIPPED_INDEX", copy / index.SHIPPED_INDEX.name)
     cfg = load_config(None, [f"--model.cache_dir={tmp_path / 'cache'}"])
-    assert demo.Path(resolve_model_path(cfg.model.policy, cfg)).parent == copy  # intact: taken
+    assert Path(resolve_model_path(cfg.model.policy, cfg)).parent == copy  # intact: taken
     (weights,) = copy.glob("tiny-arithmetic-*/model.safetensors")
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
@@ -79,5 +82,5 @@ def test_another_setting_is_not_shipped_and_would_be_built(tmp_path):
     ],
 )
 def test_the_warm_start_stops_on_the_mean_of_the_last_checks(checks, stops):
-    assert demo.reached(checks, DEFAULT_SPEC) is stops
-    assert demo.reached(checks[-1:], TinySpec(smooth_checks=1)) is (checks[-1] >= 0.3)
+    assert reached(checks, DEFAULT_SPEC) is stops
+    assert reached(checks[-1:], TinySpec(smooth_checks=1)) is (checks[-1] >= 0.3)

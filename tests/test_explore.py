@@ -46,7 +46,9 @@ def test_exploring_batches_draw_settings_from_the_ranges():
 
 
 def test_each_searcher_gets_its_own_settings(tiny_checkpoint):
-    from tba.runtime.build import build_components, make_searcher
+    from tests.conftest import components
+
+    from tba.runtime.build import make_searcher
 
     cfg = load_config(
         None,
@@ -59,7 +61,7 @@ def test_each_searcher_gets_its_own_settings(tiny_checkpoint):
             "--generation.explore_prob=0.5",
         ],
     )
-    c = build_components(cfg, log=lambda m: None)
+    c = components(cfg, log=lambda m: None)
     s = c.searcher
     made = [
         make_searcher(cfg, c.plan, c.task, c.tokenizer, s.generator.model, s.reference, s.weights, i) for i in range(3)

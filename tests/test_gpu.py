@@ -176,9 +176,8 @@ def test_ipc_slots_carry_gpu_weights_exactly_to_a_searcher_process_on_the_same_g
     ray = pytest.importorskip("ray")
     from tests.test_ray_actors import random_state
 
-    from tba.runtime.shared_weights import SharedReceiver, SharedSender
-    from tba.runtime.weight_board import WeightBoard
     from tba.weights import BackgroundPublisher
+    from tba.weights.ray.ipc import SharedReceiver, SharedSender, SlotBoard
 
     @ray.remote(num_gpus=0.5)
     class Reader:
@@ -194,7 +193,7 @@ def test_ipc_slots_carry_gpu_weights_exactly_to_a_searcher_process_on_the_same_g
 
     ray.init(num_gpus=1, num_cpus=2, include_dashboard=False, configure_logging=False)
     try:
-        board = WeightBoard.options(name="gpu-ipc-board").remote()
+        board = SlotBoard.options(name="gpu-ipc-board").remote()
         sender = SharedSender(board)
         publisher = BackgroundPublisher(sender)  # as a run publishes: from its thread, GPU to GPU
         reader = Reader.remote()
@@ -203,13 +202,12 @@ def test_ipc_slots_carry_gpu_weights_exactly_to_a_searcher_process_on_the_same_g
             state["lm_head.weight"] = state["embed.weight"]  # tied on the GPU too
             publisher.publish(state, v, aliases=True)
             publisher.flush()
-            assert sender.slots.buffers[0].is_cuda and sender.last == (v, None)
+            assert sender.slots.buffers[0].is_cuda and sender.publications == v + 1
             version, got, ties = ray.get(reader.fetch.remote(v - 1))
             assert version == v and ties
             for name, t in random_state(v).items():
                 assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
-        publisher.close()
         ray.kill(reader)
-        sender.close()
+        publisher.close()  # and the sender: its slots are freed
     finally:
         ray.shutdown()

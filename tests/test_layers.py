@@ -37,6 +37,8 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "models": 2,
     "generation": 2,
     "weights": 2,
+    "weights.transports": 0,  # the registry: the config's checks read it
+    "weights.ray": 4,  # the transports between processes, over Ray
     "checkpoint": 2,
     "metrics": 2,
     "plots": 2,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
+from tests.conftest import SMALL_DEMO_ARGS, components, stored_rollouts
 from tests.numerics import assert_reordered_close, model_terms, padded_positions
 
 from tba.checkpoint import latest_checkpoint, save_checkpoint
@@ -17,7 +17,6 @@ from tba.models.loading import encode_prompts, load_causal_lm, load_tokenizer
 from tba.models.lora import add_adapter, check_lora_config, is_lora
 from tba.models.packing import Passes
 from tba.runtime.async_loop import run_ray
-from tba.runtime.build import build_components
 from tba.runtime.run_dir import resume
 from tba.runtime.sync_loop import run_sync
 
@@ -50,7 +49,7 @@ def frozen_weights(model) -> dict[str, torch.Tensor]:
 
 def test_adapter_trains_publishes_alone_and_the_reference_is_the_base_model(tmp_path, demo_cache):
     cfg = lora_config(demo_cache, tmp_path, "--runtime.type=sync", "--trainer.save_merged=true")
-    c = build_components(cfg, log=lambda m: None)
+    c = components(cfg, log=lambda m: None)
     trainable = [n for n, p in c.policy.named_parameters() if p.requires_grad]
     assert is_lora(c.policy) and trainable and all("lora_" in n for n in trainable)
     assert sum(len(g["params"]) for g in c.trainer.optimizer.param_groups) == len(trainable)
@@ -111,7 +110,7 @@ def test_sync_runtime_trains_an_adapter_and_resumes_it(tmp_path, demo_cache):
     assert ckpt.name == "step_3" and (ckpt / "adapter_model.safetensors").is_file()
 
     cfg = lora_config(demo_cache, tmp_path, *args, "--trainer.steps=5", "--run.resume=true")
-    c = build_components(cfg, log=lambda m: None, with_searcher=False)
+    c = components(cfg, log=lambda m: None, with_searcher=False)
     assert resume(c, run_dir, log=lambda m: None) and c.trainer.version == 3
     saved = PeftModel.from_pretrained(load_causal_lm(c.policy_path, torch.device("cpu"), trainable=False), ckpt)
     expected = get_peft_model_state_dict(saved)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from tests.conftest import assert_reports_declared
 from tests.numerics import assert_reordered_close, model_terms, padded_positions
 
 from tba.buffer import ReplayBuffer
@@ -129,6 +130,7 @@ def test_searcher_counts_and_skips_bad_rewards(tiny_model, tokenizer):
     searcher = make_searcher(tiny_model, tokenizer, task, weights, n=8, prompts=8)
     groups = [g for _ in range(3) for g in searcher.step()]  # no exception escapes
     m = searcher.metrics()
+    assert_reports_declared(m)
     assert m["searcher/reward_errors"] > 0 and m["searcher/reward_non_finite"] > 0
     eos = tokenizer.eos_token_id
     for g in groups:
@@ -184,11 +186,11 @@ def test_trainer_skip_advances_version_schedule_and_publications_without_an_upda
     trainer.publish()
     before = [p.detach().clone() for p in tiny_model.parameters()]
     first = trainer.skip()
-    assert trainer.version == 1 and weights.latest_version() == 0  # sync_interval 2: no publication yet
+    assert trainer.version == 1 and weights.visible_version == 0  # sync_interval 2: no publication yet
     assert first["train/empty_steps"] == first["train/skipped_steps"] == 1.0
     assert first["train/lr"] == pytest.approx(1e-3 * 2 / 5)  # warm-up's second value: the schedule moved on
     second = trainer.skip()
-    assert trainer.version == 2 and weights.latest_version() == 2 and "train/publish_s" in second
+    assert trainer.version == 2 and weights.visible_version == 2 and "train/publish_s" in second
     assert all(torch.equal(a, b) for a, b in zip(before, tiny_model.parameters(), strict=True))
     assert trainer.optimizer.state == {}  # AdamW took no step: its moments were not touched
     state = trainer.state_dict()
@@ -203,17 +205,17 @@ def test_trainer_steps_publish_and_track_versions(tiny_model, tokenizer):
     weights = LocalWeightStore()
     trainer = make_trainer(tiny_model, tokenizer, buffer, weights)
     trainer.publish()
-    assert weights.latest_version() == 0
+    assert weights.visible_version == 0
     assert trainer.ingest(synthetic_groups(tokenizer)) == 24
     before = [p.detach().clone() for p in tiny_model.parameters()]
     m = trainer.step()
-    assert trainer.version == 1 and weights.latest_version() == 0  # sync_interval=2: not yet
+    assert trainer.version == 1 and weights.visible_version == 0  # sync_interval=2: not yet
     for key in ("train/loss", "train/reward_mean", "train/log_z", "train/kl", "buffer/size", "train/grad_norm"):
         assert key in m and m[key] == m[key]
     assert m["buffer/size"] == 24 and m["train/lag_mean"] == 0
     assert any(not torch.equal(a, b) for a, b in zip(before, tiny_model.parameters(), strict=True))
     m = trainer.step()
-    assert weights.latest_version() == 2 and "train/publish_s" in m
+    assert weights.visible_version == 2 and "train/publish_s" in m
     assert m["train/lag_mean"] == 1 and m["train/lag_max"] == 1  # data from version 0 trained at step 2
     # the published copy does not move with later optimizer steps
     published = weights.fetch(newer_than=-1)[1]
@@ -403,12 +405,13 @@ def test_reference_follows_the_policy_every_rho_steps(tokenizer):
 
 def small_components(checkpoint, *overrides: str):
     """The parts of a sync run of one-digit problems on ``checkpoint``: K=4, 4 prompts a batch."""
+    from tests.conftest import components
+
     from tba.config import load_config
-    from tba.runtime.build import build_components
 
     base = ["--task.digits=1", "--task.eval_size=10", "--generation.group_size=4", "--generation.prompts_per_batch=4"]
     cfg = load_config(None, [f"--model.policy={checkpoint}", *base, "--trainer.batch_prompts=2", *overrides])
-    return cfg, build_components(cfg, log=lambda m: None)
+    return cfg, components(cfg, log=lambda m: None)
 
 
 def test_searchers_generate_s_per_prompt_and_the_trainer_takes_k(tiny_checkpoint):

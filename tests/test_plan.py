@@ -142,16 +142,14 @@ def test_each_runtimes_entry_point_runs_its_own_runtime_with_auto_resolved():
 def test_an_impossible_transport_is_refused_in_one_line(capsys):
     from tba.cli import main
 
-    for args, said in (
-        (["--runtime.type=sync"], "the sync runtime has none (its searcher shares the trainer's process)"),
-        (["--trainer.num_ranks=2", "--trainer.batch_prompts=4"], "set runtime.weight_transport=object_store"),
-    ):
-        assert main(["train", "--print-plan", "--runtime.weight_transport=broadcast", *args]) == 2
-        err = capsys.readouterr().err
-        assert said in err and len(err.strip().splitlines()) == 1, err
+    assert main(["train", "--print-plan", "--runtime.weight_transport=broadcast", "--runtime.type=sync"]) == 2
+    err = capsys.readouterr().err
+    assert "the sync runtime has none (its searcher shares the trainer's process)" in err
+    assert len(err.strip().splitlines()) == 1, err
     for args, said in (
         (["--runtime.type=sync"], "runtime.weight_transport=ipc sends weights to searcher processes"),
-        (["--runtime.address=auto"], "may place them on others; set runtime.weight_transport=broadcast"),
+        (["--runtime.address=auto"], "needs searchers on the trainer's machine, and runtime.address may place"),
+        (["--trainer.num_ranks=2", "--trainer.batch_prompts=4"], "ipc cannot serve trainer ranks"),
     ):
         assert main(["train", "--print-plan", "--runtime.weight_transport=ipc", *args]) == 2
         err = capsys.readouterr().err
@@ -186,3 +184,61 @@ def test_tba_train_prints_the_plan_without_loading_and_refuses_a_missing_device(
     if not torch.cuda.is_available():
         assert main(["train", "--print-plan", "--run.device=cuda"]) == 2
         assert "no CUDA device is visible; use run.device=cpu" in capsys.readouterr().err
+
+
+HARDWARE = {
+    "2 cores": Hardware(cpus=2),
+    "16 cores": Hardware(cpus=16),
+    "1 GPU": Hardware(cpus=16, gpus=1, bf16=True),
+    "8 GPUs": Hardware(cpus=64, gpus=8, bf16=True),
+}
+
+
+@pytest.mark.parametrize("machine", list(HARDWARE))
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--runtime.type=ray"],
+        ["--objective.type=grpo", "--runtime.type=ray", "--generation.backend=vllm"],
+        ["--generation.backend=vllm", "--runtime.type=sync"],
+    ],
+    ids=["defaults", "ray", "grpo-ray-vllm", "sync-vllm"],
+)
+def test_the_plan_resolves_every_auto_for_any_machine(machine, args):
+    """Every decision the plan carries is resolved: nothing downstream of it sees an ``auto``."""
+    hardware = HARDWARE[machine]
+    device = ["--run.device=cuda"] if hardware.gpus else []
+    plan = make_plan(load_config(None, [*args, *device]), hardware)
+
+    def autos(value, where="plan"):
+        if isinstance(value, dict):
+            return [a for k, v in value.items() if k != "why" for a in autos(v, f"{where}.{k}")]
+        if isinstance(value, list | tuple):
+            return [a for i, v in enumerate(value) for a in autos(v, f"{where}[{i}]")]
+        return [where] if value == "auto" else []
+
+    assert not autos(plan.to_dict())
+    if "--generation.backend=vllm" in args:  # each engine's memory and sleep decided once
+        assert set(plan.engines) == {"searcher", "evaluation"}
+        assert all(isinstance(e["sleep"], bool) and 0 < e["gpu_memory_utilization"] <= 1 for e in plan.engines.values())
+
+
+def test_no_builder_compares_a_setting_with_auto():
+    """The builders and the roles take the plan's decisions: no ``== "auto"`` (or ``!=``, ``in``)
+    in the runtimes, the trainer, the searcher, generation or the weights' transports."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "tba"
+    found = []
+    for package in ("runtime", "trainer", "searcher", "generation", "weights"):
+        for path in sorted((src / package).rglob("*.py")):
+            if path.name == "transports.py":  # the registry resolves runtime.weight_transport for the plan
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value == "auto" for c in [node.left, *node.comparators]
+                ):
+                    found.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert not found, found

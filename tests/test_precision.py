@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from tests.conftest import components
 from tests.numerics import assert_reordered_close, bf16_operand_terms
 from tests.test_pipeline import make_trainer, synthetic_groups
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -18,7 +19,6 @@ from tba.config import ConfigError, load_config
 from tba.models.logprobs import token_logprobs
 from tba.models.lora import load_published_state
 from tba.models.precision import PURE_BF16_WARNING, Precision, cast_floats, compute_as, resolve_precision
-from tba.runtime.build import build_components
 from tba.runtime.policy import load_trainer_policy
 from tba.weights import LocalWeightStore, to_host
 
@@ -123,7 +123,7 @@ def test_components_hold_master_weights_and_publish_model_dtype(tiny_checkpoint)
             "--task.eval_size=4",
         ],
     )
-    c = build_components(cfg, log=lambda m: None)
+    c = components(cfg, log=lambda m: None)
     assert {p.dtype for p in c.policy.parameters()} == {torch.float32}
     sampler = c.searcher.generator.model
     assert {p.dtype for p in sampler.parameters()} == {torch.bfloat16}
@@ -147,7 +147,7 @@ def test_pure_bf16_warns_at_start_naming_lost_updates(tiny_checkpoint):
         None, [f"--model.policy={tiny_checkpoint}", "--trainer.precision=bf16", "--task.digits=1", "--task.eval_size=4"]
     )
     messages = []
-    c = build_components(cfg, log=messages.append, with_searcher=False)
+    c = components(cfg, log=messages.append, with_searcher=False)
     assert f"warning: {PURE_BF16_WARNING}" in messages and "lost updates" in PURE_BF16_WARNING
     assert {p.dtype for p in c.policy.parameters()} == {torch.bfloat16}
 
@@ -191,7 +191,7 @@ def test_lora_with_bf16_mixed_and_checkpointing_trains_the_fp32_adapter_on_a_bf1
             "--objective.tb_trust_region=null",  # synthetic groups carry no sampler log-probs
         ],
     )
-    c = build_components(cfg, log=lambda m: None, with_searcher=False)
+    c = components(cfg, log=lambda m: None, with_searcher=False)
     dtypes = {n: p.dtype for n, p in c.policy.named_parameters()}
     assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
     assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}

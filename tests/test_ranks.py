@@ -136,7 +136,8 @@ def ray_cpus(demo_cache):
 
 
 def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
-    from tba.runtime.build import build_components
+    from tests.conftest import components
+
     from tba.runtime.policy import seed_everything
 
     cfg = load_config(
@@ -155,7 +156,7 @@ def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
         ],
     )
     seed_everything(cfg.run.seed)  # as a run does: the same LoRA initialisation for 1 and 2 ranks
-    c = build_components(cfg, log=lambda m: None, with_searcher=False)
+    c = components(cfg, log=lambda m: None, with_searcher=False)
     c.trainer.ingest(synthetic_groups(c.tokenizer, n_prompts=6, k=cfg.generation.group_size))
     batch = c.buffer.sample(6, cfg.generation.group_size)
     metrics = [c.trainer.step(batch) for _ in range(steps)]
@@ -399,3 +400,31 @@ def test_a_killed_rank_ends_the_run_with_a_clear_message(tmp_path, demo_cache):
     state = read_trainer_state(ckpt)
     assert state["trainer"]["num_ranks"] == 2 and state["trainer"]["version"] >= 2
     assert json.loads((ckpt / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_ranks_publish_by_broadcast_from_rank_0(tmp_path, demo_cache):
+    """Trainer ranks with ``runtime.weight_transport=broadcast``: rank 0 opens the run's weight
+    channel in its own process and broadcasts what the ranks gathered; the searcher stages the
+    broadcasts, and rank 0's counters reach the run's metrics through the driver."""
+    proc = subprocess.run(
+        _cli(
+            tmp_path,
+            demo_cache,
+            "b",
+            "--runtime.type=ray",
+            "--runtime.weight_transport=broadcast",
+            "--trainer.steps=12",
+            "--eval.every=12",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "TERM": "dumb"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "weights: broadcast group formed (the trainer and 1 searcher(s), generation 1)" in proc.stderr
+    rows = [r for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "train/loss" in r]
+    last = rows[-1]
+    assert last["weights/broadcasts"] >= 1 and last["weights/fallbacks"] == 0
+    assert last["weights/received"] >= 1 and last["weights/receive_failures"] == 0
+    assert last["searcher/version_min"] > 0  # the searcher generates with published weights

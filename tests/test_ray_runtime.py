@@ -62,7 +62,9 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
         "searcher: models",
         "searcher: first batch",
     ]
-    assert all(v >= 0 for v in startup.values())
+    driver = sum(v for k, v in startup.items() if not k.startswith("searcher: "))
+    assert startup["trainer's model"] > 0 and startup["searcher: models"] > 0  # each loads a model
+    assert driver <= summary["wall_clock_s"] + 0.1  # the phases are consecutive spans of the run (0.1: rounding)
 
     plan = Plan.load(run_dir)  # decided once, before anything loaded; the EOS ids once the tokenizer had
     assert (plan.runtime, plan.lag_bound, plan.transport) == ("ray", k, "object_store") and plan.eos_ids
@@ -160,6 +162,8 @@ def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
         assert last["weights/broadcast_group"] == 1 and last["weights/fallbacks"] == 0
         # versions 1-10 publish after the steps; the metrics of step 10 are written before its own lands
         assert 1 <= last["weights/broadcasts"] <= 9
+        # the searcher's receiver staged broadcasts (its counters reach the run's metrics), and lost none
+        assert last["weights/received"] >= 1 and last["weights/receive_failures"] == 0
         assert max(r.policy_version for r in rollouts) > 0  # the searcher generated with broadcast weights
     finally:
         if ray.is_initialized():

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.conftest import components
 from tests.numerics import assert_reordered_close, model_terms
 from tests.tiny_redteam import build_redteam_models
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -25,7 +26,6 @@ from tba.generation.hf import HFGenerator
 from tba.metrics import read_metrics
 from tba.rewards import RewardStats
 from tba.runtime.async_loop import run_ray
-from tba.runtime.build import build_components
 from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.tasks.redteam import ALPACA_TEMPLATE, LOG_FLOOR, aggregate, resolve_toxic_label
@@ -252,7 +252,7 @@ def test_min_attack_length_holds_in_training_and_evaluation(models, tmp_path):
         "--buffer.per_prompt_capacity=null",
         "--run.device=cpu",
     ]
-    c = build_components(load_config(None, args), log=lambda _: None)
+    c = components(load_config(None, args), log=lambda _: None)
     eos = c.eos_ids
     free = c.searcher.generator.generate([[5, 6, 7]], SamplingParams(n=8, max_new_tokens=8))[0]
     assert all(not [t for t in o.token_ids if t not in eos] for o in free)  # the control: all empty

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from tests.conftest import assert_reports_declared
 
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
@@ -136,6 +137,7 @@ def test_streaming_searcher_keeps_its_engine_full_and_accounts_for_every_prompt(
             weights.publish(tiny_model.state_dict(), 2)  # picked up between two refills
         groups = searcher.step()
         m = searcher.metrics()
+        assert_reports_declared(m)
         # the staleness bound's floor: no group sent later is older than a floor reported before
         assert all(g.policy_version >= f for g in groups for f in floors)
         waiting = [key[3] for key, _, _ in searcher.stream._waiting]

@@ -13,7 +13,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, ObjectiveConfig, TrainerConfig, load_config
 from tba.models.logprobs import token_logprobs
 from tba.objectives import grpo_loss, rloo_loss, sampler_mismatch, sequence_is_weights, truncated_is_weights
-from tba.plan.auto import needs_sampler_logps
+from tba.plan.auto import grad_clip, needs_sampler_logps, tb_trust_region
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
@@ -124,7 +124,21 @@ def batch_and_trainer(tokenizer, objective: ObjectiveConfig, shift: float):
     ]
     batch = Batch(prompts, rollouts, 4)
     cfg = TrainerConfig(batch_prompts=2, lr=1e-3, warmup_steps=0, sync_interval=1)
-    trainer = Trainer(policy, ReplayBuffer(capacity=100), LocalWeightStore(), cfg, objective, 4, 0, {eos}, 4)
+    # the band and the clip as the ray runtime's plan resolves them (data stale by design)
+    band, clip = tb_trust_region(objective, stale=True), grad_clip(cfg, objective.type)
+    trainer = Trainer(
+        policy,
+        ReplayBuffer(capacity=100),
+        LocalWeightStore(),
+        cfg,
+        objective,
+        4,
+        0,
+        {eos},
+        4,
+        trust_region=band,
+        grad_clip=clip,
+    )
     return trainer, batch
 
 

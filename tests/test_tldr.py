@@ -75,7 +75,8 @@ def test_win_rate_counts_ties_as_losses():
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_kl_and_reference_nll_against_an_explicit_per_position_sum(tmp_path, packed):
-    from tba.models.packing import can_pack, row_tokens, worth_packing
+    from tba.models.packing import row_tokens, worth_packing
+    from tba.models.packing_choice import can_pack
 
     policy_path = build_bpe_chat_model(tmp_path / "p", seed=0)
     ref_path = build_bpe_chat_model(tmp_path / "r", seed=1)

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from tests.conftest import SMALL
+from tests.conftest import SMALL, assert_reports_declared
 from tests.numerics import assert_reordered_close, model_terms
 
 from tba.buffer import ReplayBuffer
@@ -198,6 +198,7 @@ def test_searcher_groups_are_trajectories_whose_reference_counts_the_models_toke
         assert_reordered_close(torch.tensor(g.ref_logps), expected, terms=terms)
         assert g.sampler_logps == [-0.5 * sum(m) for m in g.action_masks]
     m = s.metrics()
+    assert_reports_declared(m)
     assert m["searcher/tool_calls"] == 6 and m["searcher/turns_per_conversation"] == 2.0
     assert s.stats.tokens == sum(sum(m) for g in groups for m in g.action_masks)  # the model's tokens
 

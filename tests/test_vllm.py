@@ -259,14 +259,15 @@ def test_an_evaluation_on_the_searchers_engine_sees_the_trainers_weights_and_han
     evaluate the trainer's current (unpublished) weights, and the searcher must generate with its
     own published version afterwards. Any generator that holds its own copy of the policy lends
     the same way; here the searcher's HF sampler copy stands in for the engine."""
+    from tests.conftest import components
+
     from tba.evaluation import Evaluator
-    from tba.runtime.build import build_components
     from tba.runtime.report import evaluate_policy
 
     overrides = ["--task.digits=1", "--task.eval_size=12", "--eval.log_samples=12", "--generation.max_new_tokens=3"]
     cfg = load_config(None, [f"--model.policy={tiny_checkpoint}", *overrides])
     torch.manual_seed(0)
-    c = build_components(cfg, log=lambda _: None)
+    c = components(cfg, log=lambda _: None)
     c.trainer.publish()
     c.searcher.pull_weights()
     with torch.no_grad():  # the trainer moves on (as training would) and publishes nothing

@@ -10,8 +10,8 @@ import torch
 from tests.test_pipeline import make_trainer, synthetic_groups
 
 from tba.buffer import ReplayBuffer
-from tba.runtime.weight_board import pack, unpack
 from tba.weights import BackgroundPublisher, LocalWeightStore, shares_memory
+from tba.weights.ray.board import pack, unpack
 
 
 class GatedStore(LocalWeightStore):
@@ -24,12 +24,12 @@ class GatedStore(LocalWeightStore):
         self.started = threading.Event()
         self.fail: Exception | None = None
 
-    def publish(self, state_dict, version):
+    def send(self, state_dict, version):
         self.started.set()
         self.gate.wait()
         if self.fail is not None:
             raise self.fail
-        super().publish(state_dict, version)
+        super().send(state_dict, version)
 
     def versions(self) -> list[int]:
         return [v for v, _ in self._history]
@@ -41,7 +41,7 @@ def state(value: float) -> dict[str, torch.Tensor]:
 
 def test_the_local_store_keeps_copies_and_only_newer_versions():
     store = LocalWeightStore(keep=3)
-    assert store.fetch(newer_than=-1) is None and store.latest_version() == -1
+    assert store.fetch(newer_than=-1) is None and store.visible_version == -1
     live = state(1.0)
     store.publish(live, 0)
     live["w"].add_(5.0)  # a later optimizer step does not leak into what searchers load
@@ -80,10 +80,10 @@ def test_the_publisher_hands_over_and_the_version_becomes_visible_when_stored():
     publisher = BackgroundPublisher(store)
     publisher.publish(state(0.0), 0, aliases=False)  # returns while the store is still busy
     store.started.wait()
-    assert publisher.visible_version == -1 and store.latest_version() == -1
+    assert publisher.visible_version == -1 and store.visible_version == -1
     store.gate.set()
     publisher.flush()
-    assert publisher.visible_version == 0 and publisher.fetch(-1)[0] == 0
+    assert publisher.visible_version == 0 and store.fetch(-1)[0] == 0
     publisher.close()
 
 
@@ -120,7 +120,7 @@ def test_settle_does_not_wait_for_a_publication_of_its_own_copy():
     publisher.publish(state(0.0), 0, aliases=False)  # a cast made its own tensors
     store.started.wait()
     publisher.settle()  # returns with the gate still closed
-    assert store.latest_version() == -1
+    assert store.visible_version == -1
     store.gate.set()
     publisher.close()
 
@@ -176,9 +176,9 @@ def test_steps_with_publication_in_flight_train_the_same_weights(tokenizer, publ
         metrics = [trainer.step() for _ in range(4)]
         if background:
             assert shares_memory(trainer.published_state(), model) == (publish_dtype is None)
-            assert all("weights/publish_background_s" in m for m in metrics)
+            assert all(m["weights/publish_background_s"] > 0 for m in metrics)
             weights.close()
-        assert all(m["train/publish_s"] >= 0 for m in metrics)
+        assert all(m["train/publish_s"] > 0 for m in metrics)  # every step publishes (sync_interval 1)
         return {k: v.clone() for k, v in model.state_dict().items()}, list(store._history)
 
     inline, inline_published = run(background=False)

@@ -177,6 +177,7 @@ def evaluate_target(target: Target) -> dict:
     from tba.demo import BUILTIN_PREFIX
     from tba.runtime.build import load_evaluator
     from tba.runtime.policy import seed_everything
+    from tba.runtime.preflight import prepare_task, ready_plan
     from tba.runtime.run_dir import absolute_paths
 
     cfg = absolute_paths(target.cfg)
@@ -187,7 +188,8 @@ def evaluate_target(target: Target) -> dict:
     where = f" ({target.checkpoint})" if target.checkpoint is not None else ""
     log(f"evaluating {target.label}{where}")
     start = time.perf_counter()
-    evaluator = load_evaluator(cfg, target.checkpoint, log)
+    prepared = prepare_task(cfg, log)
+    evaluator = load_evaluator(cfg, ready_plan(cfg, prepared[1], log), target.checkpoint, log, prepared=prepared)
     result = evaluator()
     model = str(target.checkpoint) if target.checkpoint is not None else cfg.model.policy
     if model.startswith(BUILTIN_PREFIX):

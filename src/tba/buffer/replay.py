@@ -45,6 +45,7 @@ from operator import attrgetter
 import numpy as np
 
 from tba.buffer.columns import prompts_from_columns, ragged, rng_from_state, rng_state, rollout_columns
+from tba.buffer.indexed import IndexedSet
 from tba.types import Batch, Rollout, RolloutGroup, is_flat
 
 _rollout_row = attrgetter(*(f.name for f in fields(Rollout)))  # Rollout -> tuple in field order
@@ -55,46 +56,12 @@ class BufferTooSmall(RuntimeError):
     """Fewer eligible prompts than a batch needs."""
 
 
-class _IndexedSet:
-    """A set with O(1) add, discard and uniform choice (list + position map, swap-remove)."""
-
-    def __init__(self, items: list[str] | None = None) -> None:
-        self.items: list[str] = list(items or [])
-        self._pos = {item: i for i, item in enumerate(self.items)}
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def add(self, item: str) -> None:
-        if item not in self._pos:
-            self._pos[item] = len(self.items)
-            self.items.append(item)
-
-    def discard(self, item: str) -> None:
-        i = self._pos.pop(item, None)
-        if i is None:
-            return
-        last = self.items.pop()
-        if i < len(self.items):  # move the last item into the hole
-            self.items[i] = last
-            self._pos[last] = i
-
-    def set(self, item: str, present: bool) -> None:
-        if present:
-            self.add(item)
-        else:
-            self.discard(item)
-
-    def choice(self, rng: random.Random) -> str:
-        return self.items[rng.randrange(len(self.items))]
-
-
 @dataclass
 class _Window:
     """Prompts that received data between two weight publications."""
 
     members: set[str] = field(default_factory=set)
-    eligible: _IndexedSet = field(default_factory=_IndexedSet)
+    eligible: IndexedSet = field(default_factory=IndexedSet)
 
 
 @dataclass
@@ -146,7 +113,7 @@ class ReplayBuffer:
         self._prompts: dict[str, _Prompt] = {}
         # every insertion, oldest first; an entry is stale once its rollout was replaced or evicted
         self._fifo: deque[tuple[str, Rollout]] = deque()
-        self._eligible = _IndexedSet()
+        self._eligible = IndexedSet()
         self._current, self._previous = _Window(), _Window()
         self._size = self._evicted = self._duplicates = 0
 
@@ -298,13 +265,13 @@ class ReplayBuffer:
             stats=stats,
         )
 
-    def _split_flat(self, window: _Window, group_size: int) -> tuple[_IndexedSet, _IndexedSet]:
+    def _split_flat(self, window: _Window, group_size: int) -> tuple[IndexedSet, IndexedSet]:
         """The window's eligible prompts as (with reward spread, flat) by their newest group."""
         spread, flat = [], []
         for prompt_id in window.eligible.items:
             newest = islice(reversed(self._prompts[prompt_id].rollouts.values()), group_size)
             (flat if is_flat([r.reward for r in newest]) else spread).append(prompt_id)
-        return _IndexedSet(spread), _IndexedSet(flat)
+        return IndexedSet(spread), IndexedSet(flat)
 
     def _hide(self, prompt_id: str) -> None:
         for pool in (self._eligible, self._current.eligible, self._previous.eligible):
@@ -394,10 +361,10 @@ class ReplayBuffer:
                 prompt.rollouts[rollout.completion] = rollout
                 rows.append(rollout)
         self._fifo = deque((rows[i].prompt_id, rows[i]) for i in state["fifo"].tolist())
-        self._eligible = _IndexedSet(state["eligible"])
+        self._eligible = IndexedSet(state["eligible"])
         (cur_members, cur_eligible), (prev_members, prev_eligible) = state["windows"]
-        self._current = _Window(set(cur_members), _IndexedSet(cur_eligible))
-        self._previous = _Window(set(prev_members), _IndexedSet(prev_eligible))
+        self._current = _Window(set(cur_members), IndexedSet(cur_eligible))
+        self._previous = _Window(set(prev_members), IndexedSet(prev_eligible))
         self._size, self._evicted, self._duplicates = state["counters"]
         self._rng.setstate(rng_from_state(state["rng"]))
         self._np_rng.bit_generator.state = state["np_rng"]

@@ -4,6 +4,8 @@ it one line)."""
 
 from __future__ import annotations
 
+from tba.weights.transports import transport
+
 
 def check_batches(cfg) -> None:
     """Batch and buffer sizes that fit together."""
@@ -96,20 +98,21 @@ def check_runtime(cfg) -> None:
             f"trainer.num_ranks={ranks} splits each batch's groups over the ranks, and trainer.batch_prompts="
             f"{batch} gives some rank none; raise batch_prompts to at least {ranks} or lower num_ranks"
         )
-    transport = cfg.runtime.weight_transport
-    if transport in ("broadcast", "ipc") and cfg.runtime.type == "sync":
+    name = cfg.runtime.weight_transport
+    chosen = transport(name) if name != "auto" else None
+    if chosen is not None and chosen.primary and cfg.runtime.type == "sync":
         raise ValueError(
-            f"runtime.weight_transport={transport} sends weights to searcher processes, and the sync runtime "
+            f"runtime.weight_transport={name} sends weights to searcher processes, and the sync runtime "
             "has none (its searcher shares the trainer's process); set runtime.type=ray or drop weight_transport"
         )
-    if transport in ("broadcast", "ipc") and ranks > 1:
+    if chosen is not None and not chosen.serves_ranks and ranks > 1:
         raise ValueError(
-            f"runtime.weight_transport={transport} is sent from the tba train process, and with trainer.num_ranks > 1 "
-            "rank 0 publishes instead; set runtime.weight_transport=object_store (or auto)"
+            f"runtime.weight_transport={name} cannot serve trainer ranks ({chosen.summary}; the ranks hold "
+            "GPUs of their own); set runtime.weight_transport=object_store, broadcast or auto"
         )
-    if transport == "ipc" and (cfg.runtime.address or cfg.runtime.searcher_resources):
+    if chosen is not None and chosen.same_machine and (cfg.runtime.address or cfg.runtime.searcher_resources):
         raise ValueError(
-            "runtime.weight_transport=ipc shares the trainer's memory with searchers on its machine, and "
+            f"runtime.weight_transport={name} needs searchers on the trainer's machine, and "
             f"runtime.{'address' if cfg.runtime.address else 'searcher_resources'} may place them on others; "
             "set runtime.weight_transport=broadcast (or object_store)"
         )

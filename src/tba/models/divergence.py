@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from tba.models.logprobs import completion_logits, pack, truncate_at_eos
-from tba.models.packing import can_pack, packed_completion_logits, row_tokens, worth_packing
+from tba.models.packing import packed_completion_logits, row_tokens, worth_packing
+from tba.models.packing_choice import can_pack
 
 
 @torch.no_grad()
@@ -26,7 +27,7 @@ def kl_and_ref_nll(
 
     KL_t = Σ_v π(v | x, y_<t) (log π(v | ·) − log π_ref(v | ·)), on the completion that π produced;
     averaged over its positions, so every sample counts once whatever its length. ``packed``: each
-    model whose sequences can be packed (:func:`tba.models.packing.can_pack`) runs packed passes
+    model whose sequences can be packed (:func:`tba.models.packing_choice.can_pack`) runs packed passes
     where they save positions (:func:`tba.models.packing.worth_packing`), the other pads; the
     numbers are the same within rounding.
     """

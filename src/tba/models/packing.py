@@ -13,14 +13,13 @@ attention's variable-length kernels on a GPU), so no sequence sees another. With
 :func:`packed_token_logprobs` returns what :func:`tba.models.logprobs.token_logprobs` returns, the
 same log-probs within summation-order rounding, through the same lean head path (the output head
 applied to completion positions only, in chunks). :func:`packing_problem` says why a model cannot
-take it (the caller then pads). :class:`Passes`, chosen once per model (:func:`choose_packing`), is
-the one entry point that packs or pads each pass.
+take it (the caller then pads). :class:`Passes`, chosen once per model
+(:func:`tba.models.packing_choice.choose_packing`), is the one entry point that packs or pads each
+pass.
 """
 
 from __future__ import annotations
 
-import warnings
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -143,26 +142,10 @@ def packing_problem(model: torch.nn.Module, probe: bool = True) -> str | None:
     return None
 
 
-def choose_packing(
-    model: torch.nn.Module, width_setting: int | str, setting: str, subject: str, instead: str
-) -> Passes:
-    """At start, how ``model``'s log-prob passes run: packed in rows of :func:`row_tokens` where
-    ``model`` can be packed (the probe included), else padded, with one warning naming the
-    ``setting`` that asked for packing, the ``subject``, why, and what happens ``instead``."""
-    problem = packing_problem(model)
-    if problem is None:
-        return Passes(True, row_tokens(model, width_setting))
-    warnings.warn(
-        f"{setting}: {subject} cannot take packed sequences ({problem}); {instead}. "
-        f"Set {setting}=false to choose padding and silence this",
-        stacklevel=3,
-    )
-    return Passes()
-
-
 @dataclass(frozen=True)
 class Passes:
-    """How log-prob passes over one model run, decided once at start (:func:`choose_packing`): the
+    """How log-prob passes over one model run, decided once at start
+    (:func:`tba.models.packing_choice.choose_packing`): the
     entry point that the trainer, the searcher's reference and the ranks all score through.
 
     ``packed``: sequences go in rows of ``width`` positions (:func:`positions_per_row`) wherever
@@ -235,17 +218,6 @@ class Passes:
             chunks,
             action_masks,
         )
-
-
-_PROBED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
-
-
-def can_pack(model: torch.nn.Module) -> bool:
-    """:func:`packing_problem` finds none, probe included; probed once per model object (its
-    weights may change, its architecture does not)."""
-    if model not in _PROBED:
-        _PROBED[model] = packing_problem(model) is None
-    return _PROBED[model]
 
 
 def _reshard(model: torch.nn.Module) -> None:

@@ -17,12 +17,15 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
 from tba.plan.auto import (
+    engine_memory_fraction,
+    engine_sleeps,
     flat_weight,
     grad_clip,
     lag_bound,
@@ -39,6 +42,7 @@ from tba.plan.placement import (
     searcher_cpus,
     trainer_threads,
 )
+from tba.weights.transports import transport, weight_transport
 
 __all__ = ["Hardware", "Plan", "make_plan", "resolve_runtime"]
 
@@ -67,6 +71,9 @@ class Plan:
     ``broadcast`` or ``ipc`` (ray; ``runtime.weight_transport``)."""
     stream: str
     """``batch`` (a ``generate`` call per batch), or a stream: ``vllm``, ``hf_continuous``, ``hf_refill``."""
+    exact_stream: bool
+    """A stream takes each step's batch of prompts and finishes every one of them (the sync runtime:
+    a step equals a batch's); otherwise it keeps ``generation.max_in_flight`` prompts going."""
     lag_bound: int | None
     """The ray runtime's bound on staleness in versions (``runtime.max_lag`` resolved; None: none)."""
     extra_lag: int
@@ -83,6 +90,11 @@ class Plan:
     rank_cpus: float | None
     searcher_gpus: float | None
     eval_gpus: float | None
+    shares_gpu: bool
+    """The ray runtime's actors share the trainer's one GPU (a local Ray instance on one GPU)."""
+    engines: dict[str, dict] = field(default_factory=dict)
+    """vLLM engines' settings by role (``searcher``, ``evaluation``): ``gpu_memory_utilization`` and
+    ``sleep``, from each role's share of its GPU (:func:`vllm_engines`); empty with HF generation."""
     eos_ids: tuple[int, ...] = ()
     why: dict[str, str] = field(default_factory=dict)
     max_ahead: int | None = None
@@ -107,6 +119,12 @@ class Plan:
         if gpu_ids and self.device.startswith("cuda:"):
             return dataclasses.replace(self, device="cuda")
         return self
+
+    def with_actor_shares(self, cfg: Config, searcher_gpus: float, eval_gpus: float) -> Plan:
+        """The plan with the actors' GPU shares of a cluster joined (known once joined), and its
+        engines' settings for them."""
+        shares = dataclasses.replace(self, searcher_gpus=searcher_gpus, eval_gpus=eval_gpus)
+        return dataclasses.replace(shares, engines=vllm_engines(cfg, shares.device, shares))
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -194,16 +212,36 @@ def model_location(name: str, cfg: Config) -> str:
     return str(shipped(path.name) or path)
 
 
-def stream_kind(cfg: Config, device: str) -> str:
+def vllm_engines(cfg: Config, device: str, plan_or_shares) -> dict[str, dict]:
+    """Each vLLM engine's memory and sleep by role, from its process's share of a GPU: a searcher's
+    (``searcher_gpus`` in the ray runtime; in the sync runtime it shares the trainer's process and
+    GPU), an evaluation's (the evaluation actor's ``eval_gpus``; ``tba eval``: a whole GPU)."""
+    if cfg.generation.backend != "vllm":
+        return {}
+    settings, ray_runtime = cfg.generation.vllm, cfg.runtime.type == "ray"
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    shares = {
+        "searcher": plan_or_shares.searcher_gpus if ray_runtime else None,
+        "evaluation": plan_or_shares.eval_gpus if ray_runtime and cfg.eval.async_ else 1.0,
+    }
+    return {
+        role: {
+            "gpu_memory_utilization": engine_memory_fraction(settings, share),
+            "sleep": engine_sleeps(settings, device_type, share),
+        }
+        for role, share in shares.items()
+    }
+
+
+def stream_kind(cfg: Config, device: str, exact: bool) -> str:
     """The searcher's generation: ``batch``, or the stream it runs (``vllm``, ``hf_continuous``,
-    ``hf_refill``); HF's continuous batching may still fall back to refills when the model cannot
-    serve it (said when the searcher is built)."""
+    ``hf_refill``; ``exact``: the plan's ``exact_stream``); HF's continuous batching may still fall
+    back to refills when the model cannot serve it (said when the searcher is built)."""
     g = cfg.generation
     if cfg.task.multi_turn or not streams(g, cfg.runtime.type, "cuda" if device.startswith("cuda") else "cpu"):
         return "batch"
     if g.backend == "vllm":
         return "vllm"
-    exact = cfg.runtime.type == "sync"
     return "hf_continuous" if not exact and g.hf_stream == "continuous" else "hf_refill"
 
 
@@ -223,7 +261,7 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
         return "ray", "eval.async evaluates in a Ray actor beside the trainer"
     if r.extra_lag or cfg.buffer.fresh_only:
         return "sync", "runtime.extra_lag / buffer.fresh_only set staleness in the sync runtime"
-    if r.weight_transport in ("broadcast", "ipc"):
+    if r.weight_transport != "auto" and transport(r.weight_transport).primary:
         return "ray", f"runtime.weight_transport={r.weight_transport} sends weights to searcher processes"
     if r.address:
         return "ray", f"joining the Ray cluster at {r.address}: searchers may run on other machines"
@@ -290,16 +328,18 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     if r._chosen:
         why["runtime"] = f"auto: {r._chosen}"
     ray_runtime = r.type == "ray"
-    searcher_gpus, eval_gpus = r.searcher_gpus, cfg.eval.eval_gpus
+    searcher_gpus, eval_gpus, shares_gpu = r.searcher_gpus, cfg.eval.eval_gpus, False
     if ray_runtime and not r.address:  # a cluster's GPUs are known once joined (run_ray fills them in then)
         ray_gpus, shared = local_ray_gpus(cfg, device, hw)
+        shares_gpu = shared
         searcher_gpus, eval_gpus = actor_gpu_shares(cfg, device, ray_gpus, shared)
         if device.startswith("cuda") and r.searcher_gpus is None:
             whose = "the trainer shares its one GPU" if shared else f"{ray_gpus} GPU(s) for the actors"
             why["searcher_gpus"] = f"{searcher_gpus:g} of a GPU each: {whose}"
-        if r.weight_transport == "ipc" and device.startswith("cuda") and not shared:
+        chosen = transport(r.weight_transport) if r.weight_transport != "auto" else None
+        if chosen is not None and chosen.same_gpu and device.startswith("cuda") and not shared:
             raise ConfigError(
-                f"runtime.weight_transport=ipc maps the trainer's GPU memory into searchers on that GPU, and on "
+                f"runtime.weight_transport={chosen.name} needs searchers on the trainer's GPU, and on "
                 f"{hw.gpus} GPUs the searchers get GPUs of their own; set runtime.weight_transport=broadcast "
                 "(or object_store)"
             )
@@ -336,10 +376,9 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         reference=model_location(cfg.model.reference, cfg) if cfg.model.reference else policy,
         runtime=r.type,
         objective=o.type,
-        transport=("object_store" if r.weight_transport == "auto" else r.weight_transport)
-        if ray_runtime
-        else "in_process",
-        stream=stream_kind(cfg, device),
+        transport=weight_transport(r.weight_transport, ray_runtime),
+        stream=stream_kind(cfg, device, exact=not ray_runtime),
+        exact_stream=not ray_runtime,
         lag_bound=lag_bound(r, cfg.trainer.sync_interval) if ray_runtime else None,
         extra_lag=r.extra_lag,
         flat_weight=flat_weight(cfg.buffer, r.type),
@@ -352,6 +391,8 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         rank_cpus=rank_share,
         searcher_gpus=searcher_gpus,
         eval_gpus=eval_gpus,
+        shares_gpu=shares_gpu,
+        engines=vllm_engines(cfg, device, SimpleNamespace(searcher_gpus=searcher_gpus, eval_gpus=eval_gpus)),
         why=why,
         max_ahead=r.max_ahead if ray_runtime else None,
         warnings=(crowded,) if crowded else (),

@@ -26,34 +26,11 @@ import torch
 
 from tba.config import Config, build_config
 from tba.plan import Plan
-from tba.runtime.broadcast import BroadcastReceiver
 from tba.runtime.build import build_searcher, load_evaluator
 from tba.runtime.policy import seed_everything
-from tba.runtime.shared_weights import SharedReceiver
-from tba.runtime.weight_board import RayWeightStore, pack, unpack
-
-# Counters that a restarted searcher starts again from zero: the inbox adds what its earlier
-# incarnations had counted, so the run's totals keep growing.
-_CUMULATIVE = (
-    "searcher/completions",
-    "searcher/empty_completions",
-    "searcher/unfinished",
-    "searcher/dropped_groups",
-    "searcher/prompts_taken",
-    "searcher/groups_sent",
-    "searcher/reward_errors",
-    "searcher/reward_non_finite",
-    "searcher/no_reward",
-    "searcher/reward_timeouts",
-    "searcher/lost_in_flight",
-    "searcher/tool_calls",
-    "searcher/tool_errors",
-    "searcher/tool_timeouts",
-    "searcher/environment_errors",
-    "tokens",
-    "elapsed_s",
-    "searcher/paused_s",
-)
+from tba.searcher.counters import carried_counts
+from tba.weights.ray.board import pack, unpack
+from tba.weights.ray.channel import Channel, channel_receiver
 
 
 @ray.remote(num_cpus=0)
@@ -76,10 +53,7 @@ class Inbox:
         self.arrived += len(groups)
         last = self.stats.get(searcher_id)
         if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
-            self.carried[searcher_id] = {k: last[k] for k in _CUMULATIVE if k in last}
-            if "searcher/in_flight" in last:  # the prompts a streaming searcher had in flight died with it
-                lost = last["searcher/in_flight"] + last.get("searcher/lost_in_flight", 0.0)
-                self.carried[searcher_id]["searcher/lost_in_flight"] = lost
+            self.carried[searcher_id] = carried_counts(last)  # (its streams' prompts in flight are lost)
         carried = self.carried.get(searcher_id, {})
         self.stats[searcher_id] = {**stats, **{k: stats.get(k, 0.0) + v for k, v in carried.items()}}
         self.errors.extend(errors)
@@ -110,11 +84,13 @@ class Inbox:
 
 @ray.remote
 class SearcherWorker:
-    def __init__(self, cfg_data: dict, plan_data: dict, searcher_id: int, names: tuple[str, str], driver_cwd: str = ""):
+    def __init__(
+        self, cfg_data: dict, plan_data: dict, searcher_id: int, names: tuple[Channel, str], driver_cwd: str = ""
+    ):
         entered = time.time()  # the process has started and imported this module
-        # The board and the inbox are found by name: an actor handle among the constructor's
+        # The weights' boards and the inbox are found by name: an actor handle among the constructor's
         # arguments makes Ray warn on every run that a restart might fail (ray-project/ray#53727).
-        board, inbox = (ray.get_actor(name) for name in names)
+        channel, inbox = names[0], ray.get_actor(names[1])
         plan = Plan.from_dict(plan_data).in_actor(ray.get_gpu_ids())
         torch.set_num_threads(plan.searcher_threads)
         if driver_cwd and os.path.isdir(driver_cwd) and driver_cwd not in sys.path:
@@ -122,12 +98,7 @@ class SearcherWorker:
         cfg = build_config(cfg_data)
         seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
         self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
-        if plan.transport == "broadcast":  # registers with the board: the trainer forms the group once all have
-            weights = BroadcastReceiver(board, searcher_id, self.incarnation)
-        elif plan.transport == "ipc":  # maps the trainer's buffers at its first fetch
-            weights = SharedReceiver(board, self.incarnation)
-        else:
-            weights = RayWeightStore(board)
+        weights = channel_receiver(channel, searcher_id, self.incarnation)
         self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
         self.inbox = inbox
         self.capped = plan.max_ahead is not None  # runtime.max_ahead: ask the inbox before each batch
@@ -174,10 +145,10 @@ class EvalWorker:
         torch.set_num_threads(threads)
         plan = Plan.from_dict(plan_data).in_actor(ray.get_gpu_ids())
         cfg = build_config(cfg_data)
-        self.evaluator = load_evaluator(cfg, log=lambda _: None, gpu_share=plan.eval_gpus, plan=plan)
+        self.evaluator = load_evaluator(cfg, plan, log=lambda _: None)
 
     def evaluate(self, step: int, packed: dict) -> Finished:
-        """Evaluate the weights :func:`tba.runtime.weight_board.pack` packed (read where Ray keeps them)."""
+        """Evaluate the weights :func:`tba.weights.ray.board.pack` packed (read where Ray keeps them)."""
         start = time.perf_counter()
         self.evaluator.load_weights(unpack(packed))
         result = self.evaluator()

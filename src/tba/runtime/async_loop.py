@@ -15,16 +15,13 @@ copy nor a slow or dead searcher holds the trainer up. Searchers check between t
 batches whether a newer version exists.
 
 Threads and GPU shares are the run plan's (:mod:`tba.plan`); Ray: :mod:`tba.runtime.cluster`; the
-actors: :mod:`tba.runtime.actors` and :mod:`tba.runtime.weight_board`. A searcher whose process dies is restarted
+actors: :mod:`tba.runtime.actors`; weights: :mod:`tba.weights.ray`. A searcher whose process dies is restarted
 (:mod:`tba.runtime.restarts`); one that raises ends the run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
-import statistics
 import time
 import uuid
 from pathlib import Path
@@ -39,21 +36,19 @@ from tba.console import RunDisplay
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
-from tba.plan import Plan, actor_gpu_shares, runtime_config
+from tba.plan import Plan, actor_gpu_shares, make_plan, runtime_config
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
-from tba.runtime.broadcast import BroadcastSender
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import one_engine_at_a_time, ray_session
 from tba.runtime.health import FallWatch, remedy
-from tba.runtime.preflight import plan_with_eos, policy_tokenizer
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
-from tba.runtime.run_dir import open_run, resume, save
-from tba.runtime.shared_weights import SharedSender
+from tba.runtime.run_dir import absolute_paths, open_run, resume, save
 from tba.runtime.startup import StartUp
-from tba.runtime.weight_board import RayWeightStore, WeightBoard
-from tba.weights import BackgroundPublisher
+from tba.searcher.counters import combine
+from tba.weights import BackgroundPublisher, Sender
+from tba.weights.ray.channel import Channel, RankSender, channel_sender, open_channel
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
@@ -63,7 +58,8 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     startup = StartUp(start)  # where the time before the first step goes (summary.json, startup_s)
-    cfg, run_dir, prepared, plan = open_run(cfg, chatter)  # builds the demo model on every core, before the split
+    # builds the demo model on every core, before the split
+    cfg, run_dir, prepared, plan = open_run(cfg, chatter, make_plan(absolute_paths(cfg)))
     startup.mark("checks and run directory")
     torch.set_num_threads(plan.trainer_threads)
     if cfg.generation.backend == "vllm" and not cfg.eval.async_:
@@ -72,41 +68,31 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             "eval.async=true evaluates on one in the evaluation actor"
         )
     actors, metrics, background = [], None, None
-    inbox, c, store = None, None, None
+    inbox, c, weights = None, None, None
     with ray_session(cfg, plan) as started_ray:
         startup.mark("Ray")
         try:
-            shared = started_ray and not cfg.runtime.address and plan.hardware.gpus == 1
+            shared = started_ray and plan.shares_gpu  # (a Ray instance started here: the plan's GPUs)
             if cfg.runtime.address:  # a cluster's GPUs are known once joined
                 shares = actor_gpu_shares(cfg, plan.device, ray.cluster_resources().get("GPU", 0.0), False)
-                plan = dataclasses.replace(plan, searcher_gpus=shares[0], eval_gpus=shares[1])
+                plan = plan.with_actor_shares(cfg, *shares)
+                plan.save(run_dir)
             r = cfg.runtime
             run_id = uuid.uuid4().hex[:12]
-            names = (f"tba-weights-{run_id}", f"tba-inbox-{run_id}")
             ahead = None if plan.max_ahead is None else plan.max_ahead * cfg.trainer.batch_prompts
-            board, inbox = WeightBoard.options(name=names[0]).remote(), Inbox.options(name=names[1]).remote(ahead)
-            # weights travel on a thread of their own while the trainer steps (trainer ranks publish from rank 0)
-            if plan.transport == "broadcast":  # (one trainer rank: the config refuses it with several)
-                store = BroadcastSender(
-                    board, r.num_searchers, lambda m: chatter.print(m, highlight=False, markup=False)
-                )
-            elif plan.transport == "ipc":  # (one trainer rank, the trainer's machine: the config says so)
-                store = SharedSender(board)
-            else:
-                store = RayWeightStore(board)
-            weights = BackgroundPublisher(store) if cfg.trainer.num_ranks == 1 else store
+            channel, _boards = open_channel(plan.transport, run_id, r.num_searchers)  # (kept for the run)
+            names = (channel, f"tba-inbox-{run_id}")
+            inbox = Inbox.options(name=names[1]).remote(ahead)
+            weights = _sender(cfg, channel, lambda m: chatter.print(m, highlight=False, markup=False))
             # The searchers start first (imports, model loading: most of the start-up), while this
-            # process loads the trainer's model, publishes and evaluates: the plan learns the EOS ids
-            # from the policy's tokenizer and generation config, before its weights load. The model
-            # paths are resolved by now, so no searcher builds the demo model.
-            plan = plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared[1]))
+            # process loads the trainer's model, publishes and evaluates (the plan has the EOS ids
+            # and the models' paths: no searcher builds the demo model).
             # trainer ranks take whole GPUs of their own: they start first, the searchers' shares then
             early = cfg.trainer.num_ranks == 1
             if early:
                 background = _start_actors(cfg, plan, names, shared, actors)
                 startup.mark("starting searchers")
-            c = build_components(cfg, log, weights=weights, with_searcher=False, prepared=prepared, plan=plan)
-            plan.save(run_dir)
+            c = build_components(cfg, plan, log, weights=weights, with_searcher=False, prepared=prepared)
             startup.mark("trainer's model")
             if not early:
                 background = _start_actors(cfg, plan, names, shared, actors)
@@ -128,15 +114,14 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
             startup.mark("evaluation at step 0")
             log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
             extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log)
+            c.trainer.flush_publication()  # the last publication lands while its searchers still listen
         finally:
             if inbox is not None:
                 inbox.stop.remote()
-            if isinstance(store, BroadcastSender):
-                store.close()
             for actor in actors:
                 ray.kill(actor)
-            if isinstance(store, SharedSender):  # once no searcher maps its buffers
-                store.close()
+            if c is None and weights is not None:  # (else c.close() closes it, after the searchers stopped)
+                weights.close()
             if background is not None:
                 background.stop()
             if metrics is not None:
@@ -146,7 +131,15 @@ def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
     return run_dir, finish(console, run_dir, c, cfg, start, extra)
 
 
-def _start_actors(cfg: Config, plan: Plan, names: tuple[str, str], shared: bool, actors: list):
+def _sender(cfg: Config, channel: Channel, log) -> Sender:
+    """The trainer's side of the run's weight channel: on a thread of its own while the trainer
+    steps; with trainer ranks, rank 0 opens it in its process and publishes after the gather."""
+    if cfg.trainer.num_ranks > 1:
+        return RankSender(channel)
+    return BackgroundPublisher(channel_sender(channel, log))
+
+
+def _start_actors(cfg: Config, plan: Plan, names: tuple[Channel, str], shared: bool, actors: list):
     """Start the searcher actors (appended to ``actors`` as they start, for the caller's clean-up)
     and the evaluation actor (``eval.async``; returned, else None). vLLM engines that share a GPU
     start one at a time, before the trainer uses it: each sizes its KV cache from the memory the GPU
@@ -179,10 +172,8 @@ def published_weights(c: Components) -> dict | ray.ObjectRef:
     publication when this version was published (no second copy), else a state dict."""
     t = c.trainer
     t.flush_publication()
-    last = getattr(t.publisher.store if t.publisher is not None else t.weights, "last", None)
-    if last is not None and last[0] == t.version and last[1] is not None:  # (None: it went by broadcast or ipc)
-        return last[1]
-    return t.published_state()
+    ref = t.weights.object_ref(t.version)
+    return ref if ref is not None else t.published_state()
 
 
 def _drain(
@@ -198,66 +189,6 @@ def _drain(
 def _generated(stats: dict[int, dict]) -> float:
     """Completions the searchers have generated so far (kept or dropped), by their latest stats."""
     return sum(s["searcher/completions"] for s in stats.values())
-
-
-def _searcher_metrics(stats: dict[int, dict]) -> dict[str, float]:
-    if not stats:
-        return {}
-    completions = sum(s["searcher/completions"] for s in stats.values())
-    tokens = sum(s["tokens"] for s in stats.values())
-    elapsed = max(s["elapsed_s"] for s in stats.values())
-    rewards = [s["searcher/reward_mean"] for s in stats.values() if math.isfinite(s["searcher/reward_mean"])]
-    out = {
-        "searcher/completions": float(completions),
-        "searcher/completions_per_s": completions / max(elapsed, 1e-9),
-        "searcher/tokens_per_s": tokens / max(elapsed, 1e-9),
-        "searcher/version_min": float(min(s["searcher/version"] for s in stats.values())),
-        "searcher/reference_tokens_per_s": float(
-            sum(s.get("searcher/reference_tokens_per_s", 0.0) for s in stats.values())
-        ),
-        "searcher/reward_errors": float(sum(s["searcher/reward_errors"] for s in stats.values())),
-        "searcher/empty_completions": float(sum(s["searcher/empty_completions"] for s in stats.values())),
-        "searcher/no_reward": float(sum(s.get("searcher/no_reward", 0.0) for s in stats.values())),
-        "searcher/unfinished": float(sum(s.get("searcher/unfinished", 0.0) for s in stats.values())),
-        "searcher/dropped_groups": float(sum(s.get("searcher/dropped_groups", 0.0) for s in stats.values())),
-        "searcher/reward_timeouts": float(sum(s.get("searcher/reward_timeouts", 0.0) for s in stats.values())),
-        "searcher/paused_s": float(sum(s.get("searcher/paused_s", 0.0) for s in stats.values())),
-    }
-    if any("searcher/turns_per_conversation" in s for s in stats.values()):  # weighted by each one's conversations
-        replies = sum(s.get("searcher/turns_per_conversation", 0.0) * s["searcher/completions"] for s in stats.values())
-        out["searcher/turns_per_conversation"] = replies / max(completions, 1.0)
-    for key in ("weights/fetch_s", "weights/load_s"):  # the slowest searcher's latest weight update
-        if any(key in s for s in stats.values()):
-            out[key] = max(s.get(key, 0.0) for s in stats.values())
-    busy = [s["searcher/engine_busy"] for s in stats.values() if "searcher/engine_busy" in s]
-    if busy:
-        out["searcher/engine_busy"] = sum(busy) / len(busy)
-    streaming = ("searcher/prompts_taken", "searcher/groups_sent", "searcher/in_flight", "searcher/lost_in_flight")
-    turns = ("searcher/tool_calls", "searcher/tool_errors", "searcher/tool_timeouts", "searcher/environment_errors")
-    for key in streaming + turns:
-        if any(key in s for s in stats.values()):
-            out[key] = float(sum(s.get(key, 0.0) for s in stats.values()))
-    p50 = [s["searcher/group_latency_p50_s"] for s in stats.values() if "searcher/group_latency_p50_s" in s]
-    if p50:  # the typical searcher's median, the slowest searcher's tail
-        out["searcher/group_latency_p50_s"] = statistics.median(p50)
-        tails = [s["searcher/group_latency_p95_s"] for s in stats.values() if "searcher/group_latency_p95_s" in s]
-        out["searcher/group_latency_p95_s"] = max(tails)
-    spans = [
-        s["searcher/versions_per_group"]
-        for s in stats.values()
-        if math.isfinite(s.get("searcher/versions_per_group", math.nan))
-    ]
-    if spans:
-        out["searcher/versions_per_group"] = sum(spans) / len(spans)
-    per_fn: dict[str, list[float]] = {}
-    for s in stats.values():
-        for key, value in s.items():
-            if key.startswith("reward/") and value is not None and math.isfinite(value):
-                per_fn.setdefault(key, []).append(value)
-    out.update({key: sum(v) / len(v) for key, v in per_fn.items()})
-    if rewards:
-        out["searcher/reward_mean"] = sum(rewards) / len(rewards)
-    return out
 
 
 def _searcher_versions(stats: dict[int, dict], pool: SearcherPool, key: str = "searcher/version") -> list[int | None]:
@@ -349,7 +280,7 @@ def _train(
             samples += batch * cfg.generation.group_size
             step = trainer.version
             active_s = time.perf_counter() - loop_start - paused_s
-            record.update(_searcher_metrics(last_stats))
+            record.update(combine(list(last_stats.values())))  # every searcher's counters (tba.searcher.counters)
             record["train/replay_ratio"] = replay_ratio
             record["trainer/wait_s"] = wait_s
             record["trainer/wait_total_s"] = wait_total_s

@@ -19,7 +19,7 @@ from tba.generation.hf import HFGenerator
 from tba.generation.stream import open_stream
 from tba.generation.turns import make_conversations
 from tba.generation.vllm_backend import AdapterLoraGenerator, LoraEngine, MergedLoraGenerator, VLLMGenerator
-from tba.models.loading import eos_ids, load_causal_lm, load_tokenizer
+from tba.models.loading import load_causal_lm, load_tokenizer
 from tba.models.lora import (
     ReferenceView,
     add_adapter,
@@ -28,15 +28,14 @@ from tba.models.lora import (
     published_state,
 )
 from tba.models.precision import Precision
-from tba.plan import Plan, make_plan
-from tba.plan.auto import engine_memory_fraction, engine_sleeps
+from tba.plan import Plan
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
-from tba.runtime.preflight import check_models, make_task, policy_tokenizer, prepare_task
+from tba.runtime.preflight import make_task, policy_tokenizer, prepare_task
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher, StreamingSearcher
 from tba.tasks import Task
 from tba.trainer import Trainer
-from tba.weights import DelayedWeights, LocalWeightStore, WeightStore, publications_to_keep
+from tba.weights import DelayedWeights, LocalWeightStore, Receiver, Sender, publications_to_keep
 
 
 @dataclass
@@ -57,10 +56,9 @@ class Components:
 
     def close(self) -> None:
         """Stop what runs outside this process or thread for these parts (the trainer's ranks, its
-        publisher), each even if another fails."""
+        weights' sender), each even if another fails."""
         try:
-            if self.trainer.publisher is not None:
-                self.trainer.publisher.close()
+            self.trainer.weights.close()
         finally:
             self.trainer.updates.close()
 
@@ -78,12 +76,13 @@ def make_buffer(cfg: Config, plan: Plan) -> ReplayBuffer:
     )
 
 
-def completion_eos(cfg: Config, tokenizer, model, plan: Plan | None = None) -> set[int]:
-    """The token ids that end a completion: the plan's once known, else found from the tokenizer
-    and the model (:func:`tba.models.loading.eos_ids`)."""
-    if plan is not None and plan.eos_ids:
-        return set(plan.eos_ids)
-    return eos_ids(tokenizer, model, cfg.model.eos_tokens, cfg.model.chat_template)
+def completion_eos(plan: Plan) -> set[int]:
+    """The token ids that end a completion, as the plan names them (:func:`tba.runtime.preflight.ready_plan`)."""
+    if not plan.eos_ids:
+        raise ValueError(
+            "the plan names no end-of-completion ids: build from tba.runtime.preflight.ready_plan (or plan_with_eos)"
+        )
+    return set(plan.eos_ids)
 
 
 def make_generator(
@@ -93,12 +92,12 @@ def make_generator(
     pad_id: int,
     eos: set[int],
     searcher_id: int = 0,
-    gpu_share: float | None = None,
+    role: str = "searcher",
 ) -> Generator:
     """The searcher's generation backend: HF ``generate`` over ``sampler``, or a vLLM engine that
     loads ``model.policy`` itself (``sampler`` is then None, or for a LoRA policy the PEFT copy
-    whose merged weights the engine is handed at each publication). ``gpu_share``: this process's
-    share of its GPU (None: it shares the GPU with the trainer), which sizes the engine's memory."""
+    whose merged weights the engine is handed at each publication). ``role``: whose engine
+    (``searcher``, ``evaluation``): its memory and sleep are the plan's for that role."""
     if cfg.generation.backend == "hf":
         return HFGenerator(sampler, pad_id, eos)
 
@@ -113,8 +112,7 @@ def make_generator(
         trust_remote_code=cfg.model.trust_remote_code,
         **{  # the engine settings, named as the generator names them
             **settings.model_dump(exclude={"lora"}),
-            "gpu_memory_utilization": engine_memory_fraction(settings, gpu_share),
-            "sleep": engine_sleeps(settings, device.type, gpu_share),
+            **plan.engines[role],
         },
         lora_rank=cfg.model.lora.r if cfg.model.lora is not None and settings.lora == "adapter" else None,
     )
@@ -130,20 +128,19 @@ def make_searcher(
     tokenizer,
     sampler: torch.nn.Module | None,
     reference,
-    weights: WeightStore,
+    weights: Receiver,
     searcher_id: int = 0,
-    gpu_share: float | None = None,
 ) -> Searcher:
     """A searcher over ``sampler`` (vLLM: None, its engine holds the policy; or a LoRA policy's copy)."""
     g, t = cfg.generation, cfg.trainer
-    eos = completion_eos(cfg, tokenizer, sampler if sampler is not None else reference, plan)
+    eos = completion_eos(plan)
     temperature = (
         g.searcher_temperatures[searcher_id % len(g.searcher_temperatures)]
         if g.searcher_temperatures
         else g.temperature
     )
     top_p = g.searcher_top_ps[searcher_id % len(g.searcher_top_ps)] if g.searcher_top_ps else g.top_p
-    generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, searcher_id, gpu_share)
+    generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, searcher_id)
     if g.explore_prob > 0:
         t_range = g.explore_temperature or (temperature, temperature * 1.1 / 0.7)
         generator = ExploringGenerator(
@@ -162,7 +159,7 @@ def make_searcher(
     device_type = plan.torch_device.type
     conversations = make_conversations(cfg.task, tokenizer, eos)  # None for a single-turn task
     if conversations is None and plan.stream != "batch":
-        exact = plan.runtime == "sync"  # each step: its batch's prompts, all of them to the end
+        exact = plan.exact_stream  # each step: its batch's prompts, all of them to the end
         in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
         quarter = max(1, in_flight // 4)
         engine = generator.engine if isinstance(generator, LoraEngine) else generator
@@ -218,7 +215,7 @@ def make_searcher(
     )
 
 
-def build_searcher(cfg: Config, plan: Plan, weights: WeightStore, searcher_id: int = 0, log=print) -> Searcher:
+def build_searcher(cfg: Config, plan: Plan, weights: Receiver, searcher_id: int = 0, log=print) -> Searcher:
     """A searcher with its own sampling copy of the policy and its own reference model (for a
     searcher process: it loads the weights that the trainer publishes). With ``model.lora`` the
     sampler carries an adapter (filled by the trainer's first publication) and the reference is the
@@ -238,27 +235,25 @@ def build_searcher(cfg: Config, plan: Plan, weights: WeightStore, searcher_id: i
     else:
         reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
     # a searcher process: its share of a GPU is the plan's searcher_gpus
-    return make_searcher(cfg, plan, task, tokenizer, sampler, reference, weights, searcher_id, plan.searcher_gpus)
+    return make_searcher(cfg, plan, task, tokenizer, sampler, reference, weights, searcher_id)
 
 
 def build_components(
     cfg: Config,
+    plan: Plan,
     log=print,
-    weights: WeightStore | None = None,
+    weights: Sender | None = None,
     with_searcher: bool = True,
     prepared: tuple[Task, object] | None = None,
-    plan: Plan | None = None,
 ) -> Components:
     """Everything one process needs: the trainer side, and (for the sync runtime) a searcher that
-    shares the process but samples from its own copy of the policy. ``prepared`` is what
-    :func:`tba.runtime.preflight.prepare_task` returned, if the caller checked the task already;
-    ``plan`` the run's plan (default: made here, for this machine, its models built and checked).
-    The components' plan carries the EOS ids."""
+    shares the process but samples from its own copy of the policy. ``plan``: the run's, ready
+    (:func:`tba.runtime.preflight.ready_plan`: models built and checked, EOS ids known);
+    ``prepared``: what :func:`tba.runtime.preflight.prepare_task` returned, if the caller checked
+    the task already."""
     quiet_transformers()
     task, prepared_tokenizer = prepared or prepare_task(cfg, log)
-    if plan is None:  # (tba train made it, and built and checked the models, before the run directory)
-        plan = make_plan(cfg)
-        check_models(cfg, plan, log)
+    eos = completion_eos(plan)
     device = plan.torch_device
     m = cfg.model
     tokenizer = policy_tokenizer(cfg, plan, prepared_tokenizer)
@@ -271,8 +266,6 @@ def build_components(
         policy = load_trainer_policy(cfg, plan.policy, copy_device, precision, gradient_checkpointing=False)
     else:
         policy = load_trainer_policy(cfg, plan.policy, device, precision)
-    eos = completion_eos(cfg, tokenizer, policy, plan)
-    plan = plan.with_eos(eos)
     pad = tokenizer.pad_token_id
     if cfg.trainer.num_ranks > 1:
         # a LoRA adapter starts from this copy's random initialisation; a full model from its file
@@ -315,21 +308,19 @@ def build_components(
 
 def load_evaluator(
     cfg: Config,
+    plan: Plan,
     checkpoint: Path | None = None,
     log=print,
-    gpu_share: float | None = 1.0,
-    plan: Plan | None = None,
+    prepared: tuple[Task, object] | None = None,
 ) -> Evaluator:
     """An evaluator built from the config alone: the task (checked, as ``tba train`` checks it), the
     tokenizer, and the policy: ``model.policy``, or a checkpoint of a run of this config (a full
     model loads from the checkpoint itself; a LoRA adapter goes onto ``model.policy``). The
     reference (``model.reference``, else ``model.policy``) loads only if the task asks for it.
-    ``plan``: the run's (default: made here, for this machine)."""
+    ``plan``: the run's, ready (:func:`tba.runtime.preflight.ready_plan`); ``prepared``: what
+    :func:`tba.runtime.preflight.prepare_task` returned, if the caller has it."""
     m = cfg.model
-    task, tokenizer = prepare_task(cfg, log)
-    if plan is None:
-        plan = make_plan(cfg)
-        check_models(cfg, plan, log)  # a built-in model is built on first use
+    task, tokenizer = prepared or prepare_task(cfg, log)
     device = plan.torch_device
     if checkpoint is not None and m.lora is None:
         policy = load_causal_lm(str(checkpoint), device, plan.dtype, m.trust_remote_code, trainable=False)
@@ -339,13 +330,13 @@ def load_evaluator(
             policy = add_adapter(policy, m.lora).eval().requires_grad_(False)
             if checkpoint is not None:
                 load_policy_weights(policy, checkpoint)
-    eos = completion_eos(cfg, tokenizer, policy, plan)
+    eos = completion_eos(plan)
     generator = None
     if cfg.generation.backend == "vllm":
         # An engine on model.policy, then the checkpoint's weights: a checkpoint folder also holds
         # the trainer's state files, which vLLM would take for weight shards.
         sampler = policy if m.lora is not None else None
-        generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, gpu_share=gpu_share)
+        generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, role="evaluation")
         log(f"generation: a vLLM engine on {plan.policy}")
         if checkpoint is not None:
             generator.load_weights(published_state(policy), version=-1)

@@ -23,6 +23,7 @@ from tba.models.lora import (
 from tba.models.precision import Precision
 from tba.plan import Plan, builtin_setting
 from tba.trainer import Trainer
+from tba.weights import NoSender
 
 
 def seed_everything(seed: int) -> None:
@@ -95,7 +96,13 @@ def make_trainer(
     """A trainer of ``model`` with the run's trainer and objective settings and the run plan's
     decisions for them (TB's band, the gradient clip); ``parts``: the buffer, weight store, ranks
     and publication dtype of the process that holds it (none for a rank)."""
-    parts = {"buffer": None, "weights": None, "trust_region": plan.trust_region, "grad_clip": plan.grad_clip, **parts}
+    parts = {
+        "buffer": None,
+        "weights": NoSender(),
+        "trust_region": plan.trust_region,
+        "grad_clip": plan.grad_clip,
+        **parts,
+    }
     return Trainer(
         model,
         parts.pop("buffer"),

@@ -33,8 +33,8 @@ the optimizer state gathered by parameter name.
 from __future__ import annotations
 
 import datetime
-import os
 import socket
+import sys
 import time
 import warnings
 
@@ -58,9 +58,10 @@ from tba.plan import Plan
 from tba.runtime.errors import TrainerRankFailed
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers, seed_everything
 from tba.runtime.sharding import check_fsdp2, combine_metrics, load_sharded, shard_policy, split_groups, sub_batch
-from tba.runtime.weight_board import RayWeightStore
 from tba.trainer import group_lengths, group_tokens, loss_shares, rank_passes
 from tba.types import Batch
+from tba.weights import Sender
+from tba.weights.ray.channel import Channel, channel_sender
 
 RANK_TIMEOUT_S = 1800.0
 """How long a rank waits in a collective for the others: a rank that dies is seen by the driver
@@ -78,6 +79,7 @@ class TrainerRank:
     """One rank of the trainer: a shard of the policy and of its optimizer."""
 
     def __init__(self, cfg_data: dict, plan_data: dict, rank: int, world: int):
+        self.sender: Sender | None = None  # rank 0's side of the run's weight channel, opened at its first publication
         self.plan = Plan.from_dict(plan_data)
         torch.set_num_threads(self.plan.rank_threads)
         self.cfg: Config = build_config(cfg_data)
@@ -158,13 +160,18 @@ class TrainerRank:
                 state[name] = (full.to(dtype) if dtype is not None and full.is_floating_point() else full).to("cpu")
         return published_state(model, state) if self.rank == 0 else None
 
-    def publish(self, board, version: int, dtype_name: str | None) -> None:
-        """Gather what searchers load and put it on the weight board from rank 0 (ray runtime): the
-        weights go from this process to the object store once, not through the driver."""
+    def publish(self, channel: Channel, version: int, dtype_name: str | None) -> dict[str, float] | None:
+        """Gather what searchers load and publish it through the run's weight channel from rank 0
+        (ray runtime): the weights go from this process to the searchers once, not through the driver.
+        Rank 0 returns its sender's counters (the others None)."""
 
         state = self.published_state(dtype_name)
         if self.rank == 0:
-            RayWeightStore(board).publish(state, version)
+            if self.sender is None:
+                self.sender = channel_sender(channel, lambda m: print(m, file=sys.stderr, flush=True))
+            self.sender.publish(state, version)
+            return self.sender.metrics()
+        return None
 
     def policy_state(self) -> dict[str, torch.Tensor] | None:
         """The trainable part of the policy's state dict, gathered (rank 0; the others None)."""
@@ -210,9 +217,6 @@ class TrainerRank:
     def skip(self) -> int:
         """A step with nothing to train on: the schedule advances (see ``Trainer.skip``)."""
         return self.trainer.skip_update()
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def memory(self) -> dict[str, float]:
         """This process's resident memory (GiB) before the model was loaded and now."""
@@ -292,14 +296,15 @@ class RankGroup:
     def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
         return self._call("published_state", [(_dtype_name(dtype),)] * self.size)[0]
 
-    def publish(self, store, version: int, dtype: torch.dtype | None) -> None:
-        """Publish the ranks' weights to ``store`` as ``version``: from rank 0 straight to a Ray weight
-        board (the ray runtime), else through this process."""
-        board = getattr(store, "board", None)
-        if board is None:
-            store.publish(self.published_state(dtype), version)
+    def publish(self, weights: Sender, version: int, dtype: torch.dtype | None) -> None:
+        """Publish the ranks' weights as ``version``: from rank 0 through the run's weight channel
+        (the ray runtime: ``weights.spec()``), else gathered into this process and through ``weights``."""
+        channel = weights.spec()
+        if channel is None:
+            weights.publish(self.published_state(dtype), version)
         else:
-            self._call("publish", [(board, version, _dtype_name(dtype))] * self.size)
+            counters = self._call("publish", [(channel, version, _dtype_name(dtype))] * self.size)[0]
+            weights.published_elsewhere(version, counters)
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return self._call("policy_state", [()] * self.size)[0]
@@ -319,9 +324,6 @@ class RankGroup:
     def skip(self) -> dict[str, float]:
         """Every rank skips a step (``Trainer.skip``); the steps skipped so far."""
         return {"train/skipped_steps": float(self._call("skip", [()] * self.size)[0])}
-
-    def pids(self) -> list[int]:
-        return self._call("pid", [()] * self.size)
 
     def memory(self) -> list[dict[str, float]]:
         return self._call("memory", [()] * self.size)

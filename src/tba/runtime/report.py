@@ -5,6 +5,7 @@ few samples."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -86,6 +87,24 @@ def say_event(run_dir: Path, log, message: str) -> None:
     log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
 
 
+def errors_log_contents(path: Path) -> str:
+    """What ``errors.log`` holds, in words: the reward functions' first tracebacks (written by
+    :func:`log_errors`, one per failing function and searcher, their samples skipped and counted)
+    and the run's notices (:func:`say_event`: a searcher's death or return, a fall below the start)."""
+    lines = path.read_text().splitlines()
+    tracebacks = sum(1 for line in lines if re.match(r"searcher \d+, policy version -?\d+: ", line))
+    notices = sum(1 for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line))
+    parts = []
+    if tracebacks:
+        parts.append(
+            f"{tracebacks} reward-function traceback(s) (the first of each failing function; its samples "
+            "were skipped and counted in searcher/reward_errors)"
+        )
+    if notices:
+        parts.append(f"{notices} notice(s) of the run (a searcher that died or came back, a fall below the start)")
+    return "errors.log holds " + (" and ".join(parts) if parts else "nothing the run wrote")
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -152,7 +171,7 @@ def print_summary(console: Console, s: dict, cfg: Config, run_dir: Path | None =
     if run_dir is not None:
         print_samples(console, run_dir)
         if (run_dir / "errors.log").is_file():
-            console.print(f"reward-function errors were skipped and counted; tracebacks: {run_dir / 'errors.log'}")
+            console.print(f"{errors_log_contents(run_dir / 'errors.log')}: {run_dir / 'errors.log'}", highlight=False)
 
 
 def print_samples(console: Console, run_dir: Path, count: int = 3, width: int = 300) -> None:

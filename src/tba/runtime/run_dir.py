@@ -23,10 +23,10 @@ from tba.config import Config, dump_config
 from tba.errors import RunDirError
 from tba.machine import describe_machine, machine_line
 from tba.metrics import check_backends, read_metrics
-from tba.plan import Plan, make_plan
+from tba.plan import Plan
 from tba.runtime.build import Components
 from tba.runtime.policy import seed_everything
-from tba.runtime.preflight import check_models, prepare_task
+from tba.runtime.preflight import check_models, plan_with_eos, policy_tokenizer, prepare_task
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -143,7 +143,7 @@ def remove_unstarted(run_dir: Path, step_zero: bool = False) -> bool:
     return False
 
 
-def open_run(cfg: Config, console: Console, plan: Plan | None = None) -> tuple[Config, Path, tuple, Plan]:
+def open_run(cfg: Config, console: Console, plan: Plan) -> tuple[Config, Path, tuple, Plan]:
     """Check everything a user can get wrong before the run directory exists, cheapest first: the
     run directory (a free name, or a checkpoint to resume), the packages of the logging backends
     that are on, the device, the task (dataset, prompt lengths, reward functions' dry run), the
@@ -151,17 +151,17 @@ def open_run(cfg: Config, console: Console, plan: Plan | None = None) -> tuple[C
     reopen, on resume) the run directory, and write the resolved config, the run plan (``plan.json``,
     printed too: :mod:`tba.plan`) and the machine (``environment.json``:
     :func:`tba.machine.describe_machine`; a resume writes its own). Returns the config with local
-    paths made absolute, the run directory, the prepared task and the plan (``plan``: one made
-    already for this config, else made here). Each check raises a :class:`tba.errors.UserError` that
-    says what to fix."""
+    paths made absolute, the run directory, the prepared task and the plan (``plan``: the one made
+    for this config, with its paths made absolute; it gains the EOS ids here). Each check raises a
+    :class:`tba.errors.UserError` that says what to fix."""
 
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
     cfg = absolute_paths(cfg)
     run_dir = check_run_dir(cfg)
     check_backends(cfg.logging)
-    plan = plan or make_plan(cfg)  # the device is checked here
     prepared = prepare_task(cfg, log)
     check_models(cfg, plan, log)
+    plan = plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared[1]))
     seed_everything(cfg.run.seed)
     run_dir = prepare_run_dir(cfg, run_dir)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -238,7 +238,7 @@ def _resume_searcher(c: Components, extra: dict) -> None:
     c.searcher.load_state_dict(extra["searcher"])
     version = published["version"]
     weights = published.get("weights") or c.trainer.published_state()
-    c.trainer.weights.publish(weights, version)
+    c.trainer.republish(weights, version)
     if c.searcher.version == version:  # it holds these weights already, so it would not pull them
         c.searcher.generator.load_weights(weights, version)
 

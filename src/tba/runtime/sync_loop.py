@@ -47,8 +47,7 @@ def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path,
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
     cfg, run_dir, prepared, plan = open_run(cfg, chatter, plan)
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
-    c = build_components(cfg, log, prepared=prepared, plan=plan)
-    c.plan.save(run_dir)  # with the EOS ids
+    c = build_components(cfg, plan, log, prepared=prepared)
     metrics = None
     try:
         resumed = cfg.run.resume and resume(c, run_dir, log)

@@ -27,12 +27,13 @@ from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.turns import Conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
-from tba.models.packing import Passes, choose_packing
+from tba.models.packing import Passes
+from tba.models.packing_choice import choose_packing
 from tba.rewards import RewardStats
 from tba.scoring import ScoringPool
 from tba.tasks.base import Prompt, Task
 from tba.types import RolloutGroup
-from tba.weights import WeightStore
+from tba.weights import Receiver
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Searcher:
         tokenizer,
         generator: Generator,
         reference: torch.nn.Module,
-        weights: WeightStore,
+        weights: Receiver,
         params: SamplingParams,
         prompts_per_batch: int,
         eos_ids: set[int],
@@ -320,6 +321,7 @@ class Searcher:
             "searcher/reward_mean": self.last_reward_mean,
             "weights/fetch_s": self.fetch_s,
             "weights/load_s": self.load_s,
+            **self.weights.metrics(),  # the transport's counters (tba.weights.ray)
         }
         if self.conversations is not None:
             out.update(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Literal
 
 import torch
 
@@ -33,9 +32,9 @@ from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import truncate_at_eos
 from tba.models.precision import Precision
 from tba.objectives import normalised_ess, objective_loss
-from tba.plan.auto import grad_clip as auto_grad_clip
-from tba.plan.auto import needs_sampler_logps, tb_trust_region
-from tba.schedules import beta_at, lr_multiplier
+from tba.plan.auto import needs_sampler_logps
+from tba.schedules import beta_at
+from tba.trainer.optimizer import make_optimizer
 from tba.trainer.planning import (
     gather_ranks,
     group_lengths,
@@ -48,7 +47,7 @@ from tba.trainer.planning import (
 )
 from tba.trainer.updates import LocalUpdates, Updates, check_rank_count
 from tba.types import Batch, RolloutGroup
-from tba.weights import BackgroundPublisher, WeightStore
+from tba.weights import Sender
 
 
 class Trainer:
@@ -56,7 +55,7 @@ class Trainer:
         self,
         model: torch.nn.Module,
         buffer: ReplayBuffer,
-        weights: WeightStore,
+        weights: Sender,
         cfg: TrainerConfig,
         objective: ObjectiveConfig,
         group_size: int,
@@ -66,11 +65,12 @@ class Trainer:
         precision: Precision | None = None,
         publish_dtype: torch.dtype | None = None,
         ranks: Updates | None = None,
-        trust_region: float | None | Literal["auto"] = "auto",
-        grad_clip: float | None | Literal["auto"] = "auto",
+        trust_region: float | None = None,
+        grad_clip: float | None = None,
     ):
-        """``trust_region`` (TB's band) and ``grad_clip``: the run plan's (``auto``: as
-        :mod:`tba.plan.auto` decides for data stale by design). ``precision``: how ``model``
+        """``trust_region`` (TB's band; None: plain TB) and ``grad_clip`` (None: no clipping):
+        numbers, as the run plan resolved them (:func:`tba.runtime.policy.make_trainer` builds a
+        trainer from a plan; ``auto`` means nothing here). ``precision``: how ``model``
         computes (default fp32); ``publish_dtype``: the dtype that
         published floating weights are cast to (the searchers' ``model.dtype``; None keeps them).
         ``ranks``: trainer ranks (``trainer.num_ranks`` > 1) that hold the sharded policy and its
@@ -87,8 +87,13 @@ class Trainer:
         self.precision = precision or Precision()
         self.publish_dtype = publish_dtype
         self.max_tokens = objective.max_tokens or max_new_tokens or 1  # Dr. GRPO's constant
-        self.trust_region = tb_trust_region(objective) if trust_region == "auto" else trust_region
-        self.grad_clip = auto_grad_clip(cfg, objective.type) if grad_clip == "auto" else grad_clip
+        if isinstance(trust_region, str) or isinstance(grad_clip, str):
+            raise TypeError(
+                f"Trainer takes resolved numbers, not {trust_region!r} / {grad_clip!r}: build it from a run "
+                "plan (tba.runtime.policy.make_trainer) or pass the band and the clip"
+            )
+        self.trust_region = trust_region if objective.type == "tb" else None
+        self.grad_clip = grad_clip
         self.sampler_logps = needs_sampler_logps(objective, self.trust_region)  # the rollouts carry them
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
@@ -96,9 +101,8 @@ class Trainer:
         self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
         self._arrival_lag_max = 0
         self._log_w: list[torch.Tensor] = []  # this step's log importance weights (objective.tb_ess_lr)
-        # publication on a thread (the ray runtime): what it cost the trainer's path since the last
-        # step's metrics, and the newest version searchers could fetch when the buffer last marked it
-        self.publisher = weights if isinstance(weights, BackgroundPublisher) else None
+        # what publication (on a thread: the ray runtime) cost the trainer's path since the last step's
+        # metrics, and the newest version searchers could fetch when the buffer last marked it
         self._publish_path_s = 0.0
         self._marked_version = -1
         self._synced = -1  # the version whose weights ``model`` holds, with ranks
@@ -106,28 +110,7 @@ class Trainer:
         self.updates: Updates = ranks if ranks is not None else LocalUpdates(self)
         self.optimizer = self.scheduler = None  # the ranks hold theirs; ``model`` is this process's copy
         if ranks is None:
-            self.optimizer, self.scheduler = self.new_optimizer()
-
-    def new_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-        """AdamW over the trainable parameters, and its learning-rate schedule, both fresh."""
-        cfg = self.cfg
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        # one kernel for the whole update on a GPU (plain tensors: sharded ones take torch's default)
-        fused = all(p.is_cuda and type(p) is torch.nn.Parameter for p in params) and bool(params)
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True if fused else None)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda s: lr_multiplier(
-                s,
-                cfg.steps,
-                cfg.warmup_steps,
-                cfg.lr_schedule,
-                cfg.min_lr_ratio,
-                cfg.lr_stable_steps,
-                cfg.lr_decay_steps,
-            ),
-        )
-        return optimizer, scheduler
+            self.optimizer, self.scheduler = make_optimizer(model, cfg)
 
     @property
     def device(self) -> torch.device:
@@ -142,26 +125,31 @@ class Trainer:
 
     def publish(self) -> float:
         """Publish the current weights as version ``self.version`` (a LoRA policy's adapter only);
-        returns the seconds it took the trainer. With a :class:`BackgroundPublisher` that is the
-        hand-over: the weights travel while the trainer goes on, and the buffer's recent window
-        starts when searchers can fetch them (:meth:`_mark_visible`)."""
+        returns the seconds it took the trainer. With a :class:`~tba.weights.BackgroundPublisher`
+        that is the hand-over: the weights travel while the trainer goes on, and the buffer's recent
+        window starts when searchers can fetch them (:meth:`_mark_visible`)."""
         start = time.perf_counter()
         self.updates.publish(self.weights, self.version, self.publish_dtype)
-        if self.publisher is None:
-            self.buffer.mark_sync()
+        self._mark_visible()
         return time.perf_counter() - start
+
+    def republish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Publish ``state`` as ``version`` again (a resumed run: what its searcher loads next),
+        without opening a recent window in the buffer: the restored buffer has the windows it had."""
+        self.weights.publish(state, version)
+        self.weights.flush()
+        self._marked_version = max(self._marked_version, self.weights.visible_version)
 
     def flush_publication(self) -> None:
         """Wait until the weights handed over are where searchers fetch them (before searchers
         start: they need a first version)."""
-        if self.publisher is not None:
-            self.publisher.flush()
-            self._mark_visible()
+        self.weights.flush()
+        self._mark_visible()
 
     def _mark_visible(self) -> None:
         """Start the buffer's recent window once a newer publication is visible to searchers."""
-        if self.publisher is not None and self.publisher.visible_version > self._marked_version:
-            self._marked_version = self.publisher.visible_version
+        if self.weights.visible_version > self._marked_version:
+            self._marked_version = self.weights.visible_version
             self.buffer.mark_sync()
 
     def published_state(self) -> dict[str, torch.Tensor]:
@@ -225,13 +213,10 @@ class Trainer:
         self.version += 1
         if self.version % self.cfg.sync_interval == 0:
             metrics["train/publish_s"] = self.publish()
-        if self.publisher is not None:  # the trainer's path: hand-over and waits before the optimizer
+        if self._publish_path_s:  # the trainer's path: waits for a publication before the optimizer
             metrics["train/publish_s"] = metrics.get("train/publish_s", 0.0) + self._publish_path_s
             self._publish_path_s = 0.0
-            metrics["weights/publish_background_s"] = self.publisher.last_background_s
-            metrics["weights/superseded"] = float(self.publisher.superseded)
-            if hasattr(self.publisher.store, "metrics"):  # a transport's own (tba.runtime.broadcast)
-                metrics.update(self.publisher.store.metrics())
+        metrics.update(self.weights.metrics())  # the transport's (raises what a publisher's thread raised)
         return metrics
 
     def skip_update(self) -> int:
@@ -266,8 +251,7 @@ class Trainer:
         clip = math.inf if self.grad_clip is None else self.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-        if self.publisher is not None:  # a publication that reads these weights must finish first
-            self._publish_path_s += self.publisher.settle()
+        self._publish_path_s += self.weights.settle()  # a publication that reads these weights must finish first
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:  # one bad batch must not poison the weights of a long run

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from tba.models.logprobs import plan_micro_batches, unwrap
-from tba.models.packing import Passes, choose_packing
+from tba.models.packing import Passes
+from tba.models.packing_choice import choose_packing
 from tba.types import Batch
 
 

@@ -13,7 +13,7 @@ from tba.checkpoint import CheckpointError
 from tba.models.lora import published_state
 from tba.models.precision import cast_floats
 from tba.types import Batch
-from tba.weights import WeightStore, shares_memory
+from tba.weights import Sender, shares_memory
 
 
 class Updates(Protocol):
@@ -33,8 +33,8 @@ class Updates(Protocol):
         """What searchers load (a LoRA policy's adapter), floating tensors cast to ``dtype``."""
         ...
 
-    def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None:
-        """Put :meth:`published_state` in ``store`` as ``version``."""
+    def publish(self, weights: Sender, version: int, dtype: torch.dtype | None) -> None:
+        """Publish :meth:`published_state` through ``weights`` as ``version``."""
         ...
 
     def sync_into(self, model: torch.nn.Module) -> None:
@@ -71,21 +71,18 @@ class LocalUpdates:
     def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
         return cast_floats(published_state(self.trainer.model), dtype)
 
-    def publish(self, store: WeightStore, version: int, dtype: torch.dtype | None) -> None:
-        """Into ``store``; through a :class:`~tba.weights.BackgroundPublisher`, a cast that copies
-        runs on its thread too, and weights that alias the model's are marked so (the trainer
-        settles the publication before its optimizer writes them)."""
-        publisher = self.trainer.publisher
-        if publisher is None:
-            store.publish(self.published_state(dtype), version)
-            return
+    def publish(self, weights: Sender, version: int, dtype: torch.dtype | None) -> None:
+        """Through ``weights``: a cast that copies is its ``prepare`` (on a
+        :class:`~tba.weights.BackgroundPublisher`'s thread, off the trainer's path), and weights
+        that alias the model's are marked so (the trainer settles the publication before its
+        optimizer writes them)."""
         state = published_state(self.trainer.model)
         floats = [v for v in state.values() if v.is_floating_point()]
         if dtype is not None and floats and all(v.dtype != dtype for v in floats):  # a copy of each trained tensor
-            publisher.publish(state, version, aliases=True, prepare=lambda s: cast_floats(s, dtype))
+            weights.publish(state, version, aliases=True, prepare=lambda s: cast_floats(s, dtype))
         else:
             state = cast_floats(state, dtype)  # as published_state(): no copy, or a few tensors
-            publisher.publish(state, version, aliases=shares_memory(state, self.trainer.model))
+            weights.publish(state, version, aliases=shares_memory(state, self.trainer.model))
 
     def sync_into(self, model: torch.nn.Module) -> None:
         """Nothing: the trainer's model is the policy itself."""

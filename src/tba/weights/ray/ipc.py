@@ -5,7 +5,8 @@ IPC handles (a searcher on the trainer's GPU copies device to device, nothing cr
 CPU they are shared host memory (``multiprocessing.shared_memory``), which the tests use.
 
 - **Handles once.** With its first publication the trainer announces the layout
-  (:class:`tba.runtime.broadcast.Layout`) and the two buffers' handles on the weight board, with
+  (:class:`tba.weights.layout.Layout`) and the two buffers' handles on the slots' board
+  (:class:`SlotBoard`), with
   the GPU's UUID; a searcher maps them at its first fetch and refuses a GPU it does not see.
 - **A publication.** The trainer writes the slot that holds neither the newest version nor a
   searcher's lease, waits for the copy to land, then sets the version and slot on the board.
@@ -13,7 +14,9 @@ CPU they are shared host memory (``multiprocessing.shared_memory``), which the t
   a lease and the trainer's check of it cannot cross), copies the slot into a staging buffer of its
   own and returns the lease: the trainer waits at most for one device-to-device copy, never for a
   searcher's generation. A lease older than ``lease_timeout_s`` (its searcher died mid-copy) is
-  dropped.
+  dropped, and the trainer logs and counts it (``weights/expired_leases``).
+- **What it cannot carry.** A state whose names or shapes changed mid-run raises
+  :class:`~tba.weights.base.CannotCarry`: it goes by the object store (:mod:`tba.weights.ray.fallback`).
 
 A version fetched from the staging buffer stays there until the searcher's next fetch (its tensors
 are being loaded until then), as with the broadcast's staging buffers.
@@ -28,11 +31,57 @@ from multiprocessing import resource_tracker, shared_memory
 import ray
 import torch
 
-from tba.runtime.broadcast import Layout
-from tba.runtime.weight_board import RayWeightStore
+from tba.weights.base import CannotCarry, Receiver, Sender, State
+from tba.weights.layout import Layout
 
 LEASE_TIMEOUT_S = 30.0  # a lease held longer than this belongs to a searcher that died mid-copy
 SLOTS = 2
+
+
+@ray.remote(num_cpus=0)
+class SlotBoard:
+    """The slots' handles and layout, the newest version and the slot that holds it, and the leases
+    of the searchers that copy a slot now."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.slot: int | None = None
+        self.spec: dict | None = None
+        self.leases: dict[str, tuple[int, float, int | None]] = {}  # reader -> (slot, when leased, searcher index)
+
+    def announce(self, spec: dict) -> None:
+        self.spec = spec
+
+    def slots(self) -> dict | None:
+        return self.spec
+
+    @ray.method(enable_task_events=False)  # once a publication
+    def set(self, version: int, slot: int) -> None:
+        if version > self.version:
+            self.version, self.slot = version, slot
+
+    @ray.method(enable_task_events=False)  # once a fetch
+    def lease(self, newer_than: int, reader: str, index: int | None = None) -> tuple[int, int] | None:
+        """(the newest version, its slot), leased to ``reader`` until it calls :meth:`release`, if the
+        newest version is above ``newer_than``; else None."""
+        if self.version <= newer_than or self.slot is None:
+            return None
+        self.leases[reader] = (self.slot, time.monotonic(), index)
+        return self.version, self.slot
+
+    @ray.method(enable_task_events=False)  # once a fetch
+    def release(self, reader: str) -> None:
+        self.leases.pop(reader, None)
+
+    @ray.method(enable_task_events=False)  # polled while a publication waits for a slot
+    def slot_leased(self, slot: int, timeout_s: float) -> tuple[bool, list]:
+        """Whether a reader copies ``slot`` now, and the leases older than ``timeout_s`` (their reader
+        died mid-copy), dropped now, as (reader, slot, searcher index)."""
+        now = time.monotonic()
+        expired = [(r, s, i) for r, (s, t, i) in self.leases.items() if now - t > timeout_s]
+        for r, _, _ in expired:
+            del self.leases[r]
+        return any(s == slot for s, _, _ in self.leases.values()), expired
 
 
 class Slots:
@@ -95,52 +144,64 @@ def _synchronize(t: torch.Tensor) -> None:
         torch.cuda.current_stream(t.device).synchronize()
 
 
-class SharedSender:
-    """The trainer's side: a :class:`tba.weights.WeightStore` that publishes into the shared slots.
-    :meth:`stage` copies a state dict into the free slot and returns its views, so that
-    :class:`tba.weights.BackgroundPublisher` lets the optimizer go on before the version is set."""
+class SharedSender(Sender):
+    """The trainer's side: publishes into the shared slots. :meth:`stage` copies a state dict into the
+    free slot and returns its views, so that a background publisher lets the optimizer go on before
+    the version is set."""
 
     keeps_device = True  # takes GPU tensors as they are (the publisher stages no host copy)
 
-    def __init__(self, board, poll_s: float = 0.001, lease_timeout_s: float = LEASE_TIMEOUT_S) -> None:
-        self.board, self.poll_s, self.lease_timeout_s = board, poll_s, lease_timeout_s
-        self.object_store = RayWeightStore(board)
+    def __init__(self, board, log=print, poll_s: float = 0.001, lease_timeout_s: float = LEASE_TIMEOUT_S) -> None:
+        super().__init__()
+        self.board, self.log, self.poll_s, self.lease_timeout_s = board, log, poll_s, lease_timeout_s
         self.lock = threading.Lock()
         self.layout: Layout | None = None
         self.slots: Slots | None = None
         self.newest: int | None = None  # the slot holding the newest version set on the board
-        self.last: tuple[int, None] | None = None
-        self.publications = 0
+        self.publications = self.expired = 0
         self.wait_s = 0.0  # seconds spent waiting for a searcher's lease, all publications
 
-    def stage(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    @classmethod
+    def open(cls, board, searchers: int, log) -> SharedSender:
+        return cls(board, log)
+
+    def stage(self, state_dict: State) -> State:
         with self.lock:
             slot = self._write(state_dict)  # (the first one makes the layout and the slots)
             return self.layout.views(self.slots.buffers[slot])
 
-    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+    def send(self, state_dict: State, version: int) -> None:
         with self.lock:
             buffers = self.slots.buffers if self.slots is not None else []
             held = next((i for i, b in enumerate(buffers) if Layout.holds(b, state_dict)), None)
             slot = self._write(state_dict) if held is None else held  # what :meth:`stage` returned is in place
-            ray.get(self.board.set_slot.remote(version, slot))
-            self.newest, self.last = slot, (version, None)
+            ray.get(self.board.set.remote(version, slot))
+            self.newest = slot
             self.publications += 1
 
-    def _write(self, state_dict: dict[str, torch.Tensor]) -> int:
+    def _write(self, state_dict: State) -> int:
         layout = Layout.of(state_dict)
         if self.layout is None:
             self.layout = layout
             self.slots = Slots(layout.nbytes, next(iter(state_dict.values())).device)
-            ray.get(self.board.announce_slots.remote({**self.slots.spec, "layout": layout}))
+            ray.get(self.board.announce.remote({**self.slots.spec, "layout": layout}))
         elif layout != self.layout:
-            raise RuntimeError(
-                "runtime.weight_transport=ipc: the published state changed its names or shapes mid-run; "
-                "the shared buffers hold one layout (use runtime.weight_transport=object_store)"
+            raise CannotCarry(
+                "layout", "the published state changed its names or shapes; the shared slots hold one layout"
             )
         slot = next(i for i in range(SLOTS) if i != self.newest)
         start = time.perf_counter()
-        while ray.get(self.board.slot_leased.remote(slot, self.lease_timeout_s)):
+        while True:
+            leased, expired = ray.get(self.board.slot_leased.remote(slot, self.lease_timeout_s))
+            for _, held, index in expired:
+                self.expired += 1
+                who = "a searcher" if index is None else f"searcher {index}"
+                self.log(
+                    f"weights: {who} held slot {held} for over {self.lease_timeout_s:g} s (it died while copying); "
+                    "its lease is dropped"
+                )
+            if not leased:
+                break
             time.sleep(self.poll_s)  # a searcher copies it (a device-to-device copy: milliseconds)
         self.wait_s += time.perf_counter() - start
         buffer = self.slots.buffers[slot]
@@ -149,13 +210,11 @@ class SharedSender:
         return slot
 
     def metrics(self) -> dict[str, float]:
-        return {"weights/shared_publications": float(self.publications), "weights/slot_wait_s": self.wait_s}
-
-    def latest_version(self) -> int:
-        return self.object_store.latest_version()
-
-    def fetch(self, newer_than: int):
-        return self.object_store.fetch(newer_than)
+        return {
+            "weights/shared_publications": float(self.publications),
+            "weights/slot_wait_s": self.wait_s,
+            "weights/expired_leases": float(self.expired),
+        }
 
     def close(self) -> None:
         """After the searchers have stopped: frees the buffers (host memory: unlinks it)."""
@@ -164,24 +223,26 @@ class SharedSender:
                 self.slots.close()
 
 
-class SharedReceiver:
+class SharedReceiver(Receiver):
     """A searcher's side: :meth:`fetch` copies the newest slot into a staging buffer of its own
-    under a lease, and returns that buffer's views (a version that went by the object store
-    instead, from there)."""
+    under a lease, and returns that buffer's views."""
 
-    def __init__(self, board, token: str) -> None:
-        self.board, self.token = board, token
-        self.object_store = RayWeightStore(board)
+    def __init__(self, board, token: str, index: int | None = None) -> None:
+        self.board, self.token, self.index = board, token, index
         self.layout: Layout | None = None
         self.slots: list[torch.Tensor] = []
         self._keep: list = []  # what keeps host slots mapped
         self.staging: torch.Tensor | None = None
         self.copies = 0
 
-    def fetch(self, newer_than: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-        leased = ray.get(self.board.lease.remote(newer_than, self.token))
+    @classmethod
+    def open(cls, board, index: int, token: str) -> SharedReceiver:
+        return cls(board, token, index)
+
+    def fetch(self, newer_than: int) -> tuple[int, State] | None:
+        leased = ray.get(self.board.lease.remote(newer_than, self.token, self.index))
         if leased is None:
-            return self.object_store.fetch(newer_than)
+            return None
         version, slot = leased
         try:
             if not self.slots:
@@ -198,8 +259,8 @@ class SharedReceiver:
         self.copies += 1
         return version, self.layout.views(self.staging)
 
-    def latest_version(self) -> int:
-        return self.object_store.latest_version()
+    def metrics(self) -> dict[str, float]:
+        return {"weights/slot_copies": float(self.copies)}
 
     def close(self) -> None:
         self.slots, self.staging = [], None
