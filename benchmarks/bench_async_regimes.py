@@ -50,49 +50,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
-from bench_headline import outcome, train
+from harness import (
+    ROOT,
+    fmt,
+    load_results,
+    machine_line,
+    mean_std,
+    metrics,
+    outcome,
+    parse_with_overrides,
+    print_machine,
+    results_folder,
+    row,
+    spread,
+    train,
+)
+from harness.settings import REAL_MODEL, SETTINGS
 
-from tba.machine import describe_machine, machine_line
-from tba.metrics import read_metrics
-
-ROOT = Path(__file__).resolve().parents[1]
-REAL_MODEL = Path(os.environ.get("TBA_CACHE", Path.home() / ".cache" / "tba")) / "smollm2-135m-instruct"
-
-SETTINGS: dict[str, list[str]] = {
-    "demo": [],
-    "small": [
-        "--task.operators=+",
-        "--generation.group_size=8",
-        "--generation.prompts_per_batch=8",
-        "--trainer.batch_prompts=8",
-        "--trainer.lr=1e-4",
-        "--trainer.lr_schedule=constant",
-        "--trainer.warmup_steps=0",
-        "--trainer.steps=200",
-        "--generation.temperature=1.0",
-        "--generation.max_new_tokens=5",
-        "--eval.every=50",
-    ],
-    "chains": [
-        "--task.terms=5",
-        "--task.digits=1",
-        "--task.show_work=true",
-        "--generation.max_new_tokens=40",
-        "--trainer.steps=300",
-        "--eval.every=50",
-    ],
-    "real": [
-        "benchmarks/word_problems/run.yaml",
-        f"--model.policy={REAL_MODEL}",
-        "--trainer.steps=40",
-        "--eval.every=10",
-        "--trainer.checkpoint_every=null",
-    ],
-}
 # the sequence band (what tb_trust_region auto means for tb) and plain trajectory balance, both named
 SEQUENCE_BAND = ["--objective.tb_trust_region=0.5", "--objective.tb_trust_region_sequence=true"]
 PLAIN = ["--objective.tb_trust_region=null"]
@@ -126,7 +103,7 @@ def _mean(rows: list[dict], key: str, tail: float = 1.0) -> float | None:
 
 def diagnose(run_dir: Path, metric: str) -> dict:
     """What the run's metrics say about its course: the curve and the signals that precede a fall."""
-    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    rows = metrics(run_dir)
     curve = [(r["step"], r[metric]) for r in rows if metric in r]
     grad = sorted(r["train/grad_norm"] for r in rows if "train/grad_norm" in r)
     return {
@@ -150,7 +127,8 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     metric = "eval/reward" if setting == "real" else "eval/accuracy"
     name = f"{setting}-{arm}-seed{seed}"
     args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false"]
-    summary, wall = train([*args, *extra], out, name)
+    done = train([*args, *extra], out, name, cwd=ROOT, clear=True)
+    summary = done.summary()
     args += [f"--run.output_dir={out}", f"--run.name={name}"]
     return {
         "setting": setting,
@@ -158,7 +136,7 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
         "seed": seed,
         **outcome(summary, metric),
         "replay_ratio": summary.get("replay_ratio"),
-        "wall_clock_s": round(wall, 1),
+        "wall_clock_s": round(done.wall_s, 1),
         "run_wall_clock_s": summary.get("wall_clock_s"),
         **diagnose(out / name, metric),
         "command": " ".join(["tba train", *args, *extra]),
@@ -244,17 +222,6 @@ def save(path: Path, environment: dict, rows: list[dict], merge: bool = True) ->
     path.write_text(json.dumps({"environment": environment, "runs": rows}, indent=1) + "\n")
 
 
-def _fmt(x: float | None, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _ms(values: list[float], spec: str = ".3f") -> str:
-    if not values:
-        return "-"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):{spec}} ± {std:{spec}}"
-
-
 def table(rows: list[dict], setting: str) -> str:
     """One setting: a row per arm, gains against sync's."""
     arms: dict[str, list[dict]] = {}
@@ -284,11 +251,21 @@ def table(rows: list[dict], setting: str) -> str:
         fresh = [r["lag_fresh"] for r in rs if r.get("lag_fresh") is not None]
         lag = [r["lag_mean"] for r in rs if r.get("lag_mean") is not None]
         lines.append(
-            f"| {arm} | {','.join(str(r['seed']) for r in rs)} | {statistics.mean(r['initial'] for r in rs):.3f} "
-            f"| {_ms([r['final'] for r in rs])} | {_ms(gains)} | {verdict} | {each} | {_ms(last3)} | {_ms(sampled)} "
-            f"| {_ms(per_min, '.4f')} | {_fmt(statistics.mean(fresh) if fresh else None)} "
-            f"| {_fmt(statistics.mean(lag) if lag else None, '.1f')} "
-            f"| {statistics.mean(r['wall_clock_s'] for r in rs):.0f} |"
+            row(
+                [
+                    arm,
+                    ",".join(str(r["seed"]) for r in rs),
+                    format(statistics.mean(r["initial"] for r in rs), ".3f"),
+                    *(spread(v, always_std=True) for v in ([r["final"] for r in rs], gains)),
+                    verdict,
+                    each,
+                    *(spread(v, always_std=True) for v in (last3, sampled)),
+                    spread(per_min, ".4f", always_std=True),
+                    fmt(statistics.mean(fresh) if fresh else None),
+                    fmt(statistics.mean(lag) if lag else None, ".1f"),
+                    format(statistics.mean(r["wall_clock_s"] for r in rs), ".0f"),
+                ]
+            )
         )
     return "\n".join(lines)
 
@@ -307,7 +284,7 @@ def compact_table(rows: list[dict]) -> str:
             gains = [r["gain"] for r in rows if r["setting"] == setting and r["arm"] == arm]
             below = sum(r["below_start"] for r in rows if r["setting"] == setting and r["arm"] == arm)
             fell = f", {below} below start" if below else ""
-            cells.append(f"{_ms(gains)} ({len(gains)}{fell})" if gains else "")
+            cells.append(f"{spread(gains, always_std=True)} ({len(gains)}{fell})" if gains else "")
         if any(cells):
             lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -325,8 +302,8 @@ def plot(rows: list[dict], path: Path) -> None:
         arms = [a for a in ARMS if any(r["setting"] == setting and r["arm"] == a for r in rows)]
         for i, arm in enumerate(arms):
             gains = [r["gain"] for r in rows if r["setting"] == setting and r["arm"] == arm]
-            std = statistics.stdev(gains) if len(gains) > 1 else 0.0
-            ax.bar(i, statistics.mean(gains), yerr=std, color="tab:gray" if arm.startswith("sync") else "tab:blue")
+            mean, std = mean_std(gains)
+            ax.bar(i, mean, yerr=std, color="tab:gray" if arm.startswith("sync") else "tab:blue")
             ax.plot([i] * len(gains), gains, "k.", ms=4)
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xticks(range(len(arms)), arms, rotation=40, ha="right")
@@ -364,17 +341,13 @@ def main() -> None:
         help="run the arms that bench_headline.py (demo) and bench_real_model.py (real) measured, not read them",
     )
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in results.json")
-    a, extra = parser.parse_known_args()  # what is left: overrides passed to every run (after --)
-    extra = [x for x in extra if x != "--"]
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / ".gitignore").write_text("# the run directories: only results.json and the plot are kept\n*/\n")
-    results_path = a.out / "results.json"
-    kept = json.loads(results_path.read_text()) if results_path.is_file() and not a.fresh else {}
+    a, extra = parse_with_overrides(parser)
+    results_path = results_folder(a.out, "the run directories: only results.json and the plot are kept")
+    kept = load_results(results_path, a.fresh)
     rows = kept.get("runs", [])
     environment = kept.get("environment")
     if a.command == "run":
-        environment = describe_machine()
-        print(f"machine: {machine_line(environment)}", flush=True)
+        environment = print_machine()
         if "demo" in a.settings and not a.no_import:
             rows += import_headline(rows, a.seeds)
         if "real" in a.settings and not a.no_import:

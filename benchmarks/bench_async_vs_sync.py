@@ -20,46 +20,26 @@ two parts and the async trainer step to show where the time goes.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tba.machine import machine_line
+from harness import print_machine, rule, train
 
 
 def run(out: Path, name: str, runtime: str, seed: int, extra: list[str]) -> dict:
-    args = [
-        sys.executable,
-        "-m",
-        "tba",
-        "train",
-        f"--runtime.type={runtime}",
-        f"--run.seed={seed}",
-        f"--run.output_dir={out}",
-        f"--run.name={name}",
-        "--logging.progress=false",
-        *extra,
-    ]
-    start = time.time()
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    wall = time.time() - start
-    summary = json.loads((out / name / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r.get("train/loss") is not None]
+    args = [f"--runtime.type={runtime}", f"--run.seed={seed}", "--logging.progress=false", *extra]
+    done = train(args, out, name)
+    summary, steps = done.summary(), done.steps()
     return {
         "name": name,
         "runtime": runtime,
         "seed": seed,
-        "wall_s": wall,
-        "loop_s": train[-1]["time_s"] - train[0]["time_s"],
-        "step_s": statistics.median(r["train/step_s"] for r in train),
-        "generate_s": statistics.median(r["searcher/generate_s"] for r in train) if runtime == "sync" else None,
+        "wall_s": done.wall_s,
+        "loop_s": steps[-1]["time_s"] - steps[0]["time_s"],
+        "step_s": statistics.median(r["train/step_s"] for r in steps),
+        "generate_s": statistics.median(r["searcher/generate_s"] for r in steps) if runtime == "sync" else None,
         "acc_initial": summary["eval/accuracy_initial"],
         "acc_final": summary["eval/accuracy_final"],
         "busy": summary.get("trainer_busy_fraction"),
@@ -84,27 +64,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-async-vs-sync"))
     args, extra = parser.parse_known_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     if args.steps:
         extra.append(f"--trainer.steps={args.steps}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
     # build the demo model outside the timed runs
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tba",
-            "train",
-            "--runtime.type=sync",
-            "--trainer.steps=1",
-            f"--run.output_dir={args.out}",
-            f"--run.name=warmup-{stamp}",
-            "--logging.progress=false",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    train(["--runtime.type=sync", "--trainer.steps=1", "--logging.progress=false"], args.out, f"warmup-{stamp}")
     results = []
     for seed in args.seeds:
         for runtime in ("sync", "ray"):
@@ -119,7 +85,7 @@ def main() -> None:
         "| runtime | seed | wall-clock s | first-to-last step s | median step s | sync generate s "
         "| accuracy initial | accuracy final | trainer busy fraction |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(rule("lrrrrrrrr"))
     for r in results:
         gen = f"{r['generate_s']:.3f}" if r["generate_s"] is not None else "-"
         busy = f"{r['busy']:.3f}" if r["busy"] is not None else "-"

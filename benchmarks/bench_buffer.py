@@ -17,15 +17,12 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from harness import print_machine, rule
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from tba.buffer import ReplayBuffer  # noqa: E402
-from tba.machine import machine_line  # noqa: E402
-from tba.types import RolloutGroup  # noqa: E402
+from tba.buffer import ReplayBuffer
+from tba.types import RolloutGroup
 
 GROUP_SIZE = 8
 CHUNK_GROUPS = 2_000  # groups generated per chunk: bounds the memory of the not-yet-added data
@@ -109,12 +106,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     print(
         "| capacity (rollouts) | prompts | insert (rollouts/s) | sample(64, 8) median ms | p95 ms "
         "| recent fraction | with 64 new groups per call: median ms | p95 ms | peak RSS MiB |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(rule("r" * 9))
     for size in sorted(int(s) for s in args.sizes):  # ascending: peak RSS then tracks each size
         rng = np.random.default_rng(args.seed)
         buffer = ReplayBuffer(

@@ -28,65 +28,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
-
-SHAPES = {
-    # Qwen2.5-0.5B's decoder with random weights
-    "0.5b": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-    ),
-    # a smoke size for a CPU
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=4096,
-    ),
-}
-
-
-def build_model(path: Path, shape: str) -> int:
-    """Save a random Qwen2 of ``shape`` and a padded character tokenizer to ``path``; return its
-    parameter count. Reused when ``path`` already holds one of that shape."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from tba.models.tiny import build_char_tokenizer
-
-    spec = SHAPES[shape]
-    marker = path / "shape.json"
-    if marker.exists() and json.loads(marker.read_text()).get("shape") == spec:
-        return json.loads(marker.read_text())["parameters"]
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_char_tokenizer(spec["vocab_size"])
-    vocab = tokenizer.get_vocab()
-    config = Qwen2Config(
-        **spec,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=vocab["<bos>"],
-        eos_token_id=vocab["<eos>"],
-        pad_token_id=vocab["<pad>"],
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    parameters = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    marker.write_text(json.dumps({"shape": spec, "parameters": parameters}))
-    return parameters
+from harness import describe_machine, fmt, print_machine, rule, train
+from harness.models import SHAPES, build_model
 
 
 def publish_breakdown(model_dir: Path, device: str, repeats: int) -> list[dict]:
@@ -159,15 +105,9 @@ def publish_breakdown(model_dir: Path, device: str, repeats: int) -> list[dict]:
 
 def run(args, model: Path, runtime: str, precision: str, time_left: float) -> dict:
     name = f"{runtime}-{precision}-{args.new_tokens}tok{args.tag}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tba",
-        "train",
+    overrides = [
         f"--model.policy={model}",
         f"--run.device={args.device}",
-        f"--run.output_dir={args.out / 'runs'}",
-        f"--run.name={name}",
         f"--runtime.type={runtime}",
         f"--trainer.precision={precision}",
         f"--trainer.steps={args.steps}",
@@ -182,27 +122,15 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         "--logging.progress=false",
         *args.extra,
     ]
-    start = time.time()
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=max(time_left, 1) if time_left < 1e8 else None
-        )
-    except subprocess.TimeoutExpired as e:
-        tail = (e.stderr or b"")[-1500:]
-        return {
-            "name": name,
-            "error": f"stopped at the deadline after {time.time() - start:.0f} s",
-            "stderr": str(tail),
-        }
-    wall = time.time() - start
-    (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        return {"name": name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-3000:]}
-    run_dir = args.out / "runs" / name
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r.get("train/loss") is not None]
-    timed = [r for r in train if r["step"] > args.warmup] or train
+    timeout = max(time_left, 1) if time_left < 1e8 else None
+    done = train(overrides, args.out / "runs", name, timeout=timeout, log=args.out / f"{name}.log", check=False)
+    if done.returncode is None:
+        return {"name": name, "error": f"stopped at the deadline after {done.wall_s:.0f} s", "stderr": done.error(1500)}
+    if not done.ok:
+        return {"name": name, "error": f"exit {done.returncode}", "stderr": done.error()}
+    run_dir = done.run_dir
+    summary, train_records = done.summary(), done.steps()
+    timed = [r for r in train_records if r["step"] > args.warmup] or train_records
     step_s = statistics.median(r["train/step_s"] for r in timed)
     # seconds per step of the whole loop (generation included): time between logged steps
     gaps = [b["time_s"] - a["time_s"] for a, b in zip(timed, timed[1:], strict=False)]
@@ -225,7 +153,7 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         "name": name,
         "runtime": runtime,
         "precision": precision,
-        "wall_s": wall,
+        "wall_s": done.wall_s,
         "loop_step_s": loop_step_s,
         "train_step_s": step_s,
         "generate_s": gen_s,
@@ -238,12 +166,8 @@ def run(args, model: Path, runtime: str, precision: str, time_left: float) -> di
         "busy": summary.get("trainer_busy_fraction"),
         "peak_memory_gb": summary.get("peak_memory_gb"),
         "lag_mean": summary.get("lag_mean"),
-        "steps": len(train),
+        "steps": len(train_records),
     }
-
-
-def fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def main() -> None:
@@ -268,7 +192,7 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="appended to the run names (runs with --extra overrides)")
     args, args.extra = parser.parse_known_args()  # anything else goes to every run: --trainer.sync_interval=4
     start = time.time()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.time()
@@ -316,7 +240,7 @@ def main() -> None:
         "| runtime | precision | s per step (loop) | trainer step s | sync generate s | tokens/s "
         "| publish s | background s | fetch s | load s | trainer busy | peak GiB | lag | wall s |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(rule("ll" + "r" * 12))
     for r in results:
         if "error" in r:
             print(f"| {r['name']} | | {r['error']} | | | | | | | | | | | |")

@@ -19,20 +19,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+from harness import (
+    ROOT,
+    fmt,
+    load_results,
+    outcome,
+    parse_with_overrides,
+    print_machine,
+    results_folder,
+    sampled,
+    spread,
+    train,
+)
+
 from tba.config import load_config
-from tba.machine import describe_machine, machine_line
-from tba.metrics import read_metrics
 from tba.plan.auto import stale_by_design, tb_trust_region
 
-ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
     "demo": (None, "eval/accuracy", ("sync", "ray")),
     "example": ("configs/custom_task.yaml", "eval/reward", ("sync",)),
@@ -40,54 +45,10 @@ FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
 }
 
 
-def train(args: list[str], out: Path, name: str) -> tuple[dict, float]:
-    """``tba train`` with ``args`` in its own process, into ``out``/``name``: its summary and the
-    command's wall-clock in seconds. A failed run stops the benchmark with the run's last error."""
-    shutil.rmtree(out / name, ignore_errors=True)  # an interrupted run's leftovers
-    start = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tba", "train", *args, f"--run.output_dir={out}", f"--run.name={name}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TERM": "dumb"},
-    )
-    wall = time.time() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    return json.loads((out / name / "summary.json").read_text()), wall
-
-
-def outcome(summary: dict, metric: str) -> dict:
-    """A run's evaluation before and after training, from its ``summary.json``."""
-    first, last = summary[f"{metric}_initial"], summary[f"{metric}_final"]
-    return {
-        "metric": metric,
-        "initial": first,
-        "final": last,
-        "gain": last - first,
-        "below_start": last < first,
-        "lag_mean": summary.get("lag_mean"),
-    }
-
-
 def band(run_dir: Path) -> str:
     """The band the run trained with, ``auto`` resolved from its saved config ("none": plain TB)."""
     cfg = load_config(run_dir / "config.yaml", [])
     return str(tb_trust_region(cfg.objective, stale_by_design(cfg))).lower()
-
-
-def sampled(run_dir: Path) -> dict:
-    """The searchers' reward (and exact answers, where the task logs them) over the run's first and
-    last ten logged steps: what sampling made of the training, beside the greedy evaluation."""
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    found = {}
-    for key, name in (("searcher/reward_mean", "sampled"), ("reward/exact_mean", "exact")):
-        values = [r[key] for r in rows if key in r]
-        if len(values) >= 20:
-            found[f"{name}_first10"] = statistics.mean(values[:10])
-            found[f"{name}_last10"] = statistics.mean(values[-10:])
-    return found
 
 
 def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
@@ -99,14 +60,14 @@ def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> di
         f"--run.seed={seed}",
         "--logging.progress=false",
     ]
-    summary, wall = train([*args, *extra], out, name)
+    done = train([*args, *extra], out, name, cwd=ROOT, clear=True)
     args += [f"--run.output_dir={out}", f"--run.name={name}"]
     return {
         "figure": figure,
         "runtime": runtime,
         "seed": seed,
-        **outcome(summary, metric),
-        "wall_clock_s": round(wall, 1),
+        **outcome(done.summary(), metric),
+        "wall_clock_s": round(done.wall_s, 1),
         "tb_trust_region": band(out / name),
         **sampled(out / name),
         "command": " ".join(["tba train", *args, *extra]),
@@ -120,14 +81,13 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         groups.setdefault((r["figure"], r["runtime"]), []).append(r)
     for (figure, runtime), rs in groups.items():
-        finals = [r["final"] for r in rs]
-        std = statistics.stdev(finals) if len(finals) > 1 else 0.0
         each = ", ".join(f"{r['final']:.3f}{' (below start)' if r['below_start'] else ''}" for r in rs)
         lags = [r["lag_mean"] for r in rs if r["lag_mean"] is not None]
-        lag = f"{statistics.mean(lags):.2f}" if lags else "-"
+        lag = fmt(statistics.mean(lags) if lags else None)
+        final = spread([r["final"] for r in rs], always_std=True)
         lines.append(
             f"| {figure} | {runtime} | {','.join(str(r['seed']) for r in rs)} | {rs[0]['initial']:.3f} "
-            f"| {statistics.mean(finals):.3f} ± {std:.3f} | {statistics.mean(r['gain'] for r in rs):+.3f} | {each} "
+            f"| {final} | {statistics.mean(r['gain'] for r in rs):+.3f} | {each} "
             f"| {lag} | {statistics.mean(r['wall_clock_s'] for r in rs):.0f} |"
         )
     return "\n".join(lines)
@@ -140,15 +100,10 @@ def main() -> None:
     parser.add_argument("--runtimes", nargs="+", default=["sync", "ray"], choices=["sync", "ray"])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "headline")
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in results.json")
-    a, extra = parser.parse_known_args()  # what is left: overrides passed to every run (after --)
-    extra = [x for x in extra if x != "--"]
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / ".gitignore").write_text("# run directories of bench_headline.py: only results.json is kept\n*/\n")
-    results_path = a.out / "results.json"
-    kept = json.loads(results_path.read_text()) if results_path.is_file() and not a.fresh else {}
-    rows = kept.get("runs", [])
-    environment = describe_machine()
-    print(f"machine: {machine_line(environment)}", flush=True)
+    a, extra = parse_with_overrides(parser)
+    results_path = results_folder(a.out, "run directories of bench_headline.py: only results.json is kept")
+    rows = load_results(results_path, a.fresh).get("runs", [])
+    environment = print_machine()
     for figure in a.figures:
         for runtime in (r for r in a.runtimes if r in FIGURES[figure][2]):
             for seed in a.seeds:

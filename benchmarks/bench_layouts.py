@@ -33,18 +33,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_async_regimes import SETTINGS  # noqa: E402
-from bench_headline import outcome, sampled, train  # noqa: E402
+from harness import (
+    ROOT,
+    load_results,
+    machine_line,
+    outcome,
+    parse_with_overrides,
+    print_machine,
+    results_folder,
+    row,
+    sampled,
+    spread,
+    train,
+)
+from harness.settings import SETTINGS
 
-from tba.config import load_config  # noqa: E402
-from tba.machine import describe_machine, machine_line  # noqa: E402
-from tba.metrics import read_metrics  # noqa: E402
+from tba.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
 ARMS: dict[str, list[str]] = {
     "sync": ["--runtime.type=sync"],
     "auto": [],
@@ -59,8 +66,8 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     metric = "eval/reward" if setting == "real" else "eval/accuracy"
     name = f"{setting}-{arm}-seed{seed}"
     args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false", *extra]
-    summary, wall = train(args, out, name)
-    rows = [r for r in read_metrics(out / name / "metrics.jsonl") if r.get("train/loss") is not None]
+    done = train(args, out, name, cwd=ROOT, clear=True)
+    summary, rows = done.summary(), done.steps()
     config = json.loads((out / name / "plan.json").read_text())
     cfg = load_config(out / name / "config.yaml", [])
     drawn = len(rows) * cfg.trainer.batch_prompts * cfg.generation.group_size or None
@@ -74,7 +81,7 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
         "runtime": config["runtime"],
         **outcome(summary, metric),
         **sampled(out / name),
-        "wall_clock_s": round(wall, 1),
+        "wall_clock_s": round(done.wall_s, 1),
         "step_s_median": statistics.median(r["train/step_s"] for r in rows) if rows else None,
         "publish_s_median": statistics.median(published) if published else None,
         "made_per_drawn": made / drawn if made and drawn else None,
@@ -82,15 +89,6 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
         "startup_s": summary.get("startup_s"),
         "command": " ".join(["tba train", *args]),
     }
-
-
-def spread(values: list[float], spec: str, suffix: str = "") -> str:
-    """The mean of ``values``, with their standard deviation where there are two or more (one seed
-    claims no spread), or "-" where there are none."""
-    if not values:
-        return "-"
-    mean = format(statistics.mean(values), spec) + suffix
-    return mean if len(values) < 2 else f"{mean} ± {format(statistics.stdev(values), spec)}"
 
 
 def report(rows: list[dict], environment: dict | None) -> None:
@@ -132,7 +130,7 @@ def report(rows: list[dict], environment: dict | None) -> None:
                 cell("step_s_median", ".2f"),
                 cell("publish_s_median", ".3f"),
             ]
-            print("| " + " | ".join(cells) + " |")
+            print(row(cells))
 
 
 def main() -> None:
@@ -143,16 +141,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--real-backend", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "layouts")
-    a, extra = parser.parse_known_args()  # what is left: overrides passed to every run (after --)
-    extra = [x for x in extra if x != "--"]
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / ".gitignore").write_text("# the run directories: only results.json is kept\n*/\n")
-    path = a.out / "results.json"
-    kept = json.loads(path.read_text()) if path.is_file() else {"runs": []}
-    rows, environment = kept["runs"], kept.get("environment")
+    a, extra = parse_with_overrides(parser)
+    path = results_folder(a.out, "the run directories: only results.json is kept")
+    kept = load_results(path)
+    rows, environment = kept.get("runs", []), kept.get("environment")
     if a.command == "run":
-        environment = describe_machine()
-        print(f"machine: {machine_line(environment)}", flush=True)
+        environment = print_machine()
         for setting in a.settings:
             backend = ["--generation.backend=vllm"] if setting == "real" and a.real_backend == "vllm" else []
             for seed in a.seeds:  # arms side by side at each seed: the machine drifts less between them

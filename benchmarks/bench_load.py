@@ -24,11 +24,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
-from tba.metrics import read_metrics
+from harness import print_machine, train
 
 OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
 # plain trajectory balance, and its trust regions for stale data
@@ -45,36 +43,30 @@ def hog() -> subprocess.Popen:
 
 
 def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int | None, objective: str = "tb") -> dict:
-    args = [sys.executable, "-m", "tba", "train", "--runtime.type=ray", f"--run.seed={seed}", *OBJECTIVES[objective]]
-    args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false"]
+    args = ["--runtime.type=ray", f"--run.seed={seed}", *OBJECTIVES[objective], "--logging.progress=false"]
     args += ([] if bounds else OFF) + ([f"--trainer.steps={steps}"] if steps else [])
     busy = hog() if loaded else None
-    start = time.time()
     try:
-        proc = subprocess.run(args, capture_output=True, text=True)
+        done = train(args, out, name)
     finally:
         if busy is not None:
             busy.kill()
             busy.wait()
-    if proc.returncode != 0:
-        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    wall = time.time() - start
-    summary = json.loads((out / name / "summary.json").read_text())
-    train = [r for r in read_metrics(out / name / "metrics.jsonl") if r.get("train/loss") is not None]
+    summary, steps_logged = done.summary(), done.steps()
     return {
         "name": name,
         "objective": objective,
         "seed": seed,
         "loaded": loaded,
         "bounds": bounds,
-        "wall_s": round(wall, 1),
+        "wall_s": round(done.wall_s, 1),
         "accuracy_initial": summary["eval/accuracy_initial"],
         "accuracy_final": summary["eval/accuracy_final"],
         "replay_ratio": summary["replay_ratio"],
         "lag_mean": summary["lag_mean"],
-        "arrival_lag_max": max(r["buffer/arrival_lag_max"] for r in train),
+        "arrival_lag_max": max(r["buffer/arrival_lag_max"] for r in steps_logged),
         "wait_s": summary["trainer_wait_s"],
-        "completions": train[-1]["searcher/completions"],
+        "completions": steps_logged[-1]["searcher/completions"],
     }
 
 
@@ -112,8 +104,7 @@ def main() -> None:
     p.add_argument("--objective", choices=list(OBJECTIVES), default="tb", help="the objective's setting")
     p.add_argument("--machines", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     a = p.parse_args()
-    environment = describe_machine()
-    print(f"machine: {machine_line(environment)}", flush=True)
+    environment = print_machine()
     a.out.mkdir(parents=True, exist_ok=True)
     if not (a.out / ".gitignore").exists():
         (a.out / ".gitignore").write_text("# run directories of bench_load.py: only results.json is kept\n*/\n")

@@ -12,7 +12,7 @@ megabytes published, and the median seconds of
 
 - ``local publish`` / ``local load``: ``LocalWeightStore`` (the sync runtime): the detached copy
   made at publication, then fetch + load into a sampler in the same process;
-- ``ray publish`` / ``ray load``: ``RayWeightStore`` (the ray runtime): ``ray.put`` and the board
+- ``ray publish`` / ``ray load``: ``ObjectStoreSender`` (the ray runtime): ``ray.put`` and the board
   update, then fetch + load in a searcher-like actor in another process.
 """
 
@@ -23,12 +23,12 @@ import statistics
 import time
 
 import torch
+from harness import print_machine
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
 from tba.config import ArithmeticTaskConfig, LoraConfig
 from tba.demo import ensure_tiny_model
-from tba.machine import machine_line
 from tba.models.lora import add_adapter, copy_sharing_frozen, load_published_state, published_state
 from tba.weights import LocalWeightStore
 
@@ -86,7 +86,7 @@ def bench_local(policy: torch.nn.Module, repeats: int) -> tuple[float, float]:
 def bench_ray(policy: torch.nn.Module, source: str | LlamaConfig, lora: bool, repeats: int) -> tuple[float, float]:
     import ray
 
-    from tba.runtime.weight_board import RayWeightStore, WeightBoard
+    from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender, WeightBoard
 
     @ray.remote(num_cpus=1)
     class Loader:
@@ -98,12 +98,12 @@ def bench_ray(policy: torch.nn.Module, source: str | LlamaConfig, lora: bool, re
 
         def pull(self, board, newer_than: int) -> float:
             start = time.perf_counter()
-            _, state = RayWeightStore(board).fetch(newer_than)
+            _, state = ObjectStoreReceiver(board).fetch(newer_than)
             load_published_state(self.sampler, state)
             return time.perf_counter() - start
 
     board = WeightBoard.remote()
-    store, loader = RayWeightStore(board), Loader.remote(source, lora)
+    store, loader = ObjectStoreSender(board), Loader.remote(source, lora)
     publish, load = [], []
     for version in range(repeats):
         t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--no-large", action="store_true", help="skip the ~110M Llama")
     parser.add_argument("--cache-dir", default=None, help="demo model cache (default $TBA_CACHE or ~/.cache/tba)")
     args = parser.parse_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
 
     models: list[tuple[str, str | LlamaConfig]] = [
         ("demo", str(ensure_tiny_model(ArithmeticTaskConfig(), args.cache_dir, log=print)))

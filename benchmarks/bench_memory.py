@@ -46,27 +46,25 @@ import os
 import platform
 import random
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 import transformers
+from harness import describe_machine, print_machine
+from harness.measure import fresh_row, timed_steps
+from tests.direct_logprobs import full_logits_token_logprobs  # the direct log-probs live with the tests
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import tba.models.packing
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.machine import describe_machine, machine_line
-from tba.models.precision import PeakMemory, Precision, cpu_peak_rss_bytes, cpu_rss_bytes
+from tba.models.precision import Precision
+from tba.plan.auto import tb_trust_region
 from tba.runtime.policy import enable_gradient_checkpointing
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the direct log-probs live with the tests
-from tests.direct_logprobs import full_logits_token_logprobs  # noqa: E402
 
 VARIANTS = {  # name: (old log-probs, checkpointing, token budget, precision)
     "old": (True, False, False, "fp32"),
@@ -87,10 +85,6 @@ PAD, EOS = 0, 1  # random completion tokens are drawn above these, so none ends 
 RTOL = {"fp32": 1e-4, "bf16-mixed": 1e-2}  # equal-work check: bf16 keeps 8 significant bits
 # A smoke run: one small setting, one thread (it must not fight whatever else the machine runs).
 QUICK = {"vocab": [2048], "lengths": [16], "prompt_len": 8, "group_size": 4, "threads": 1, "repeats": 1}
-# glibc serves allocations above this from mmap and unmaps them on free, so the resident size
-# follows the tensors that are alive; its default threshold grows to 32 MiB after large frees and
-# then keeps freed blocks in the heap, where a later variant's peak would hide in reused memory.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -167,6 +161,7 @@ def make_trainer(model: torch.nn.Module, variant: str, budget: int, k: int, devi
         PAD,
         {EOS},
         precision=Precision(precision, device.type),
+        trust_region=tb_trust_region(ObjectiveConfig()),  # the default band, as a ray run resolves it
     )
 
 
@@ -197,40 +192,16 @@ def measure(vocab: int, length: int, variant: str, a: argparse.Namespace) -> dic
     }
 
 
-def timed_steps(trainer: Trainer, batch: Batch, device: torch.device, repeats: int) -> tuple[list, list]:
-    """Seconds and peak memory (bytes over what was held before it) of each of ``repeats`` steps:
-    the resident set's peak on a CPU, CUDA's peak allocated bytes on a GPU."""
-    cuda = device.type == "cuda"
-    peak = PeakMemory(device)
-    seconds, peaks = [], []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize(device)
-        peak.reset()  # VmHWM := the resident size now (CUDA: the peak := what is allocated now)
-        base = torch.cuda.memory_allocated(device) if cuda else cpu_rss_bytes()
-        start = time.perf_counter()
-        trainer.step(batch)
-        if cuda:
-            torch.cuda.synchronize(device)
-        seconds.append(time.perf_counter() - start)
-        peaks.append((torch.cuda.max_memory_allocated(device) if cuda else cpu_peak_rss_bytes()) - base)
-    return seconds, peaks
-
-
 # ------------------------------------------------------------------------------------------------
 # The driver
 
 
 def run_one(vocab: int, length: int, variant: str, a: argparse.Namespace) -> dict:
-    """:func:`measure` in a fresh interpreter with :data:`MALLOC_ENV`; its last stdout line is the row."""
+    """:func:`measure` in a fresh interpreter (:func:`harness.measure.fresh_row`)."""
     sizes = ["--prompt-len", a.prompt_len, "--groups", a.groups, "--group-size", a.group_size]
     cmd = [sys.executable, __file__, "--one", vocab, length, variant, *sizes, "--threads", a.threads]
     shape = ["--device", a.device, "--hidden", a.hidden, "--layers", a.layers]
-    cmd = [str(c) for c in [*cmd, "--repeats", a.repeats, *shape]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
-    if proc.returncode != 0:
-        raise RuntimeError(f"{variant} at vocab {vocab}, length {length} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_row([*cmd, "--repeats", a.repeats, *shape], f"{variant} at vocab {vocab}, length {length}")
 
 
 def check_equal_work(rows: list[dict]) -> None:
@@ -321,7 +292,7 @@ def main() -> None:
         print(json.dumps(measure(int(vocab), int(length), variant, a)))
         return
     variants = [v for v in VARIANTS if not a.no_bf16 or VARIANTS[v][3] == "fp32"]
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     print(
         f"batch: {a.groups} groups x {a.group_size} completions, prompt {a.prompt_len} tokens; "
         f"{a.threads} torch threads; {a.repeats} timed step(s) per row; each row in a fresh process",

@@ -70,13 +70,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
+from harness import describe_machine, mean_std, metrics, print_machine, spread, summary, train
 
 OBJECTIVES = ["tb", "rloo", "rloo_proximal", "ppo", "grpo", "dr_grpo", "online_dpo"]
 HARD = ["--task.digits=3"]
@@ -146,33 +145,26 @@ def run_one(out: Path, name: str, args: list[str], meta: dict, same_as: str | No
     if not (run_dir / "summary.json").is_file():
         if run_dir.exists():  # an interrupted run: start it again
             shutil.rmtree(run_dir)
-        cmd = [
-            sys.executable,
-            "-m",
-            "tba",
-            "train",
+        overrides = [
             "--runtime.type=sync",
-            f"--run.output_dir={run_dir.parent}",
-            f"--run.name={run_dir.name}",
             "--logging.progress=false",
             "--trainer.checkpoint_every=null",
             "--trainer.keep_checkpoints=1",
             *args,
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            return {**meta, "name": name, "error": proc.stderr[-2000:]}
+        done = train(overrides, run_dir.parent, run_dir.name, check=False)
+        if not done.ok:
+            return {**meta, "name": name, "error": done.error(2000)}
         ckpts = run_dir / "checkpoints"
         if ckpts.is_dir():  # the study needs the metrics, not the weights
             shutil.rmtree(ckpts)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_summary, records = summary(run_dir), metrics(run_dir)
     evals = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
-    train = [r for r in records if "train/loss" in r]
+    steps = [r for r in records if "train/loss" in r]
     acted = {  # how much a variant of tb acted, the mean over steps
         key: statistics.mean(values)
         for key in ACTED
-        if (values := [r[f"train/{key}"] for r in train if r.get(f"train/{key}") is not None])
+        if (values := [r[f"train/{key}"] for r in steps if r.get(f"train/{key}") is not None])
     }
     return {
         **meta,
@@ -181,12 +173,12 @@ def run_one(out: Path, name: str, args: list[str], meta: dict, same_as: str | No
         "acc_final": evals[-1],
         "acc_last3": statistics.mean(evals[-3:]),
         "evals": evals,
-        "wall_s": summary["wall_clock_s"],
-        "lag_mean": statistics.mean(r["train/lag_mean"] for r in train),
-        "lag_max": max(r["train/lag_max"] for r in train),
-        "grad_norm_median": statistics.median(r["train/grad_norm"] for r in train if r["train/grad_norm"] is not None),
-        "non_finite_losses": sum(1 for r in train if r["train/loss"] is None),
-        "completion_len": statistics.mean(r["train/completion_len"] for r in train),
+        "wall_s": run_summary["wall_clock_s"],
+        "lag_mean": statistics.mean(r["train/lag_mean"] for r in steps),
+        "lag_max": max(r["train/lag_max"] for r in steps),
+        "grad_norm_median": statistics.median(r["train/grad_norm"] for r in steps if r["train/grad_norm"] is not None),
+        "non_finite_losses": sum(1 for r in steps if r["train/loss"] is None),
+        "completion_len": statistics.mean(r["train/completion_len"] for r in steps),
         **acted,
     }
 
@@ -315,7 +307,7 @@ def best_lrs(out: Path) -> dict[tuple[str, str], float]:
 
 
 def run_part(a) -> None:
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     jobs = grid(a)
     extra = [f"--run.threads={max(1, (os.cpu_count() or 1) // a.jobs)}"] if a.jobs > 1 else []
     build_models(a.part)
@@ -360,15 +352,8 @@ def build_models(part: str) -> None:
     model_paths(load_config(None, args), log=lambda msg: print(msg, flush=True))
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    m, s = mean_std(values)
-    return f"{m:.1%} ± {s:.1%}" if len(values) > 1 else f"{m:.1%}"
+    return spread(values, ".1%")
 
 
 def staleness_cells(runs: list[dict], levels: list[int]) -> tuple[str, str]:

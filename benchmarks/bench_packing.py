@@ -47,19 +47,19 @@ import math
 import os
 import platform
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import transformers
-from bench_memory import timed_steps  # benchmarks/ is on the path of a script run from it
+from harness import describe_machine, print_machine
+from harness.measure import fresh_row, timed_steps
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.machine import describe_machine, machine_line
 from tba.models.precision import Precision
 from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.plan.auto import tb_trust_region
 from tba.trainer import Trainer
 from tba.types import Batch, Rollout
 from tba.weights import LocalWeightStore
@@ -71,7 +71,6 @@ MODELS = {  # name: (vocabulary of the character tokenizer, shape)
 MODES = ("padded", "packed")
 RTOL = 1e-4  # equal-work check: fp32 in both modes, sums in another order
 QUICK = {"models": ["demo"], "data": ["gsm8k", "chains"], "groups": 2, "group_size": 4, "repeats": 1, "budget": 2048}
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors leave the resident set (bench_memory.py)
 
 
 def make_batch(data: str, tokenizer, groups: int, k: int, seed: int = 0) -> Batch:
@@ -146,6 +145,7 @@ def measure(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
         tokenizer.pad_token_id,
         {tokenizer.eos_token_id},
         precision=Precision("fp32", device.type),
+        trust_region=tb_trust_region(ObjectiveConfig()),  # the default band, as a ray run resolves it
     )
     if trainer.passes.packed != (mode == "packed"):
         raise RuntimeError(f"{mode}: the trainer chose {'packed' if trainer.passes.packed else 'padded'} passes")
@@ -174,7 +174,7 @@ def measure(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
 
 
 def run_one(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dict:
-    """:func:`measure` in a fresh interpreter; its last stdout line is the row."""
+    """:func:`measure` in a fresh interpreter (:func:`harness.measure.fresh_row`)."""
     cmd = [
         sys.executable,
         __file__,
@@ -189,10 +189,7 @@ def run_one(model_name: str, data: str, mode: str, a: argparse.Namespace) -> dic
     ]
     cmd += ["--threads", a.threads, "--repeats", a.repeats, "--budget", str(a.budget), "--device", a.device]
     cmd += ["--row", a.row]
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
-    if proc.returncode != 0:
-        raise RuntimeError(f"{model_name} {data} {mode} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_row(cmd, f"{model_name} {data} {mode}")
 
 
 def check_equal_work(padded: dict, packed: dict) -> None:
@@ -272,7 +269,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(measure(*a.one, a)))
         return
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     print(
         f"batch: {a.groups} groups x {a.group_size} completions; micro_batch_tokens={a.budget}; {a.threads} torch "
         f"threads; {a.repeats} timed step(s) per process, {a.rounds} round(s); each mode in a fresh process",

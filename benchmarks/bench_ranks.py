@@ -29,23 +29,19 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import ray
 import torch
+from harness import ROOT, describe_machine, print_machine
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from tba.config import load_config  # noqa: E402
-from tba.machine import describe_machine, machine_line  # noqa: E402
-from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama  # noqa: E402
-from tba.plan import make_plan  # noqa: E402
-from tba.runtime.ranks import RankGroup  # noqa: E402
-from tba.types import Batch, Rollout  # noqa: E402
+from tba.config import load_config
+from tba.models.tiny import TinySpec, build_char_tokenizer, build_tiny_llama
+from tba.plan import make_plan
+from tba.runtime.ranks import RankGroup
+from tba.types import Batch, Rollout
 
 
 def make_batch(vocab: int, eos: int, groups: int = 16, k: int = 8, prompt: int = 8, length: int = 24) -> Batch:
@@ -110,7 +106,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ranks"))
     args = parser.parse_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     tokenizer = build_char_tokenizer()
     spec = TinySpec(
         hidden_size=args.hidden, layers=args.layers, heads=8, intermediate_size=args.hidden * 3, max_positions=64

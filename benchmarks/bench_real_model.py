@@ -33,9 +33,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
+from harness import ROOT, describe_machine, metrics, print_machine, rule, spread, summary, train, train_command
+from harness.models import ensure_smollm2
 
-ROOT = Path(__file__).resolve().parent.parent
 TASK = ROOT / "benchmarks" / "word_problems"
 
 # The settings compared: name -> overrides of run.yaml. Every config names buffer.flat_weight: the
@@ -63,13 +63,6 @@ CONFIGS: dict[str, list[str]] = {
 }
 
 
-def model_folder() -> Path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from real_model import ensure_smollm2
-
-    return ensure_smollm2()
-
-
 def run_one(
     runs: Path,
     config: str,
@@ -86,16 +79,9 @@ def run_one(
     if fresh or not (run_dir / "summary.json").is_file():
         if run_dir.exists():  # an interrupted run: start it again
             shutil.rmtree(run_dir)
-        cmd = [
-            sys.executable,
-            "-m",
-            "tba",
-            "train",
-            str(TASK / "run.yaml"),
+        overrides = [
             f"--model.policy={model}",
             f"--task.path={TASK / 'problems.jsonl'}",
-            f"--run.output_dir={runs}",
-            f"--run.name={name}",
             f"--run.seed={seed}",
             f"--trainer.steps={steps}",
             f"--eval.every={eval_every}",
@@ -104,11 +90,11 @@ def run_one(
             *CONFIGS[config],
             *extra,
         ]
-        print(f"{name}: {' '.join(cmd[3:])}", flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            return {"config": config, "seed": seed, "steps": steps, "name": name, "error": proc.stderr[-2000:]}
+        print(f"{name}: {' '.join(train_command(overrides, runs, name, TASK / 'run.yaml')[3:])}", flush=True)
+        done = train(overrides, runs, name, config=TASK / "run.yaml", cwd=ROOT, check=False)
+        if not done.ok:
+            print(done.error(), file=sys.stderr)
+            return {"config": config, "seed": seed, "steps": steps, "name": name, "error": done.error(2000)}
         ckpts = run_dir / "checkpoints"
         if ckpts.is_dir():  # the study needs the metrics, not the weights
             shutil.rmtree(ckpts)
@@ -116,8 +102,7 @@ def run_one(
 
 
 def summarise(run_dir: Path, config: str, seed: int, steps: int) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_summary, records = summary(run_dir), metrics(run_dir)
     train = [r for r in records if "train/loss" in r]
     sampled = [r["searcher/reward_mean"] for r in train if r.get("searcher/reward_mean") is not None]
     evals = [(r["step"], r["eval/reward"]) for r in records if r.get("eval/reward") is not None]
@@ -139,8 +124,8 @@ def summarise(run_dir: Path, config: str, seed: int, steps: int) -> dict:
         "flat_groups": statistics.mean(r["train/flat_groups"] for r in train if "train/flat_groups" in r)
         if any("train/flat_groups" in r for r in train)
         else None,
-        "replay_ratio": summary.get("replay_ratio", 1.0),
-        "wall_s": summary["wall_clock_s"],
+        "replay_ratio": run_summary.get("replay_ratio", 1.0),
+        "wall_s": run_summary["wall_clock_s"],
     }
 
 
@@ -156,8 +141,8 @@ def save(out: Path, rows: list[dict]) -> None:
 
 
 def run(a) -> None:
-    print(f"machine: {machine_line()}", flush=True)
-    model = model_folder()
+    print_machine()
+    model = ensure_smollm2()
     if not (TASK / "problems.jsonl").is_file():
         subprocess.run([sys.executable, str(TASK / "make_problems.py")], check=True, cwd=ROOT)
     for seed in a.seeds:  # seed by seed: a study cut short has every config at the seeds it reached
@@ -175,12 +160,6 @@ def run(a) -> None:
                 )
 
 
-def mean_std(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
-
-
 def report(a) -> None:
     rows = [r for r in load(a.out) if "error" not in r and (a.steps is None or r["steps"] == a.steps)]
     if not rows:
@@ -189,17 +168,17 @@ def report(a) -> None:
         "| config | steps | seeds | sampled reward, first 10 | last 10 | greedy eval, before | after "
         "| KL, last 5 steps | completion length, last 5 | flat groups | lag | replay ratio | wall, s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(rule("l" * 13))
     order = {c: i for i, c in enumerate(CONFIGS)}
     keys = sorted({(r["config"], r["steps"]) for r in rows}, key=lambda k: (k[1], order.get(k[0], 99), k[0]))
     for config, steps in keys:
         rs = [r for r in rows if r["config"] == config and r["steps"] == steps]
-        col = lambda key, rs=rs: mean_std([r[key] for r in rs])  # noqa: E731
+        col = lambda key, rs=rs: spread([r[key] for r in rs])  # noqa: E731
         flat = [r["flat_groups"] for r in rs if r.get("flat_groups") is not None]
         print(
             f"| {config} | {steps} | {','.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} "
             f"| {col('sampled_first10')} | {col('sampled_last10')} | {col('eval_initial')} | {col('eval_final')} "
-            f"| {col('kl_last5')} | {col('len_last5')} | {mean_std(flat) if flat else '-'} | {col('lag_mean')} "
+            f"| {col('kl_last5')} | {col('len_last5')} | {spread(flat)} | {col('lag_mean')} "
             f"| {col('replay_ratio')} | {statistics.mean(r['wall_s'] for r in rs):.0f} |"
         )
     plot(rows, a.out / (f"curves_{a.steps}steps.png" if a.steps else "curves.png"))

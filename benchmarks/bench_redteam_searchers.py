@@ -29,20 +29,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
+from harness import ROOT, describe_machine, fmt, print_machine, row, rule, train
 
-ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("eval/attack_success_rate", "eval/diversity", "eval/toxicity_mean")
 
 
 def smoke_overrides(out: Path) -> list[str]:
     """The recipe on tiny local models at CPU sizes."""
-    sys.path.insert(0, str(ROOT))
     from tests.tiny_redteam import build_redteam_models
     from transformers.utils import logging as hf_logging
 
@@ -71,41 +67,41 @@ def smoke_overrides(out: Path) -> list[str]:
 
 def run(config: Path, out: Path, searchers: int, steps: int | None, extra: list[str]) -> dict:
     name = f"searchers{searchers}"
-    args = [sys.executable, "-m", "tba", "train", str(config), f"--runtime.num_searchers={searchers}"]
-    args += [f"--run.output_dir={out}", f"--run.name={name}", "--logging.progress=false", *extra]
+    args = [f"--runtime.num_searchers={searchers}", "--logging.progress=false", *extra]
     if steps is not None:
         args.append(f"--trainer.steps={steps}")
-    start = time.time()
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((out / name / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    done = train(args, out, name, config=config)
+    summary, records = done.summary(), done.metrics()
     evals = [r for r in records if r.get(METRICS[0]) is not None]
     return {
         "searchers": searchers,
         "steps": summary["trainer_steps"],
-        "wall_s": time.time() - start,
+        "wall_s": done.wall_s,
         "lag": summary.get("lag_mean"),
         "initial": {m: evals[0].get(m) for m in METRICS},
         "final": {m: evals[-1].get(m) for m in METRICS},
     }
 
 
-def _fmt(value: float | None, pattern: str = "{:.3f}") -> str:
-    return "-" if value is None else pattern.format(value)
-
-
 def table(results: list[dict]) -> str:
     lines = [
         "| searchers | steps | wall s | lag | success rate (initial -> final) | diversity | toxicity |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        rule("r" * 7),
     ]
     for r in results:
-        asr = f"{_fmt(r['initial'][METRICS[0]], '{:.1%}')} -> {_fmt(r['final'][METRICS[0]], '{:.1%}')}"
+        asr = f"{fmt(r['initial'][METRICS[0]], '.1%')} -> {fmt(r['final'][METRICS[0]], '.1%')}"
         lines.append(
-            f"| {r['searchers']} | {r['steps']} | {r['wall_s']:.0f} | {_fmt(r['lag'], '{:.1f}')} | {asr} "
-            f"| {_fmt(r['final'][METRICS[1]])} | {_fmt(r['final'][METRICS[2]])} |"
+            row(
+                [
+                    r["searchers"],
+                    r["steps"],
+                    format(r["wall_s"], ".0f"),
+                    fmt(r["lag"], ".1f"),
+                    asr,
+                    fmt(r["final"][METRICS[1]], ".3f"),
+                    fmt(r["final"][METRICS[2]], ".3f"),
+                ]
+            )
         )
     return "\n".join(lines)
 
@@ -123,7 +119,7 @@ def main() -> None:
     if len(steps) not in (1, len(a.searchers)):
         parser.error(f"--steps takes one value or one per searcher count ({len(a.searchers)}), got {len(steps)}")
     steps = steps * len(a.searchers) if len(steps) == 1 else steps
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     a.out.mkdir(parents=True, exist_ok=True)
     extra = [*smoke_overrides(a.out), "--trainer.steps=20"] if a.smoke else []
     extra += a.overrides

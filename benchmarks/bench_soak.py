@@ -19,19 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
-
-from tba.machine import describe_machine, machine_line
-
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, describe_machine, metrics, print_machine, start_train, stop
 
 
 def process_name(p: psutil.Process, driver: int) -> str:
@@ -83,15 +77,11 @@ def sample(driver: psutil.Process) -> tuple[dict[str, float], dict[str, float]]:
     return rss, anon
 
 
-def last_record(metrics: Path) -> dict:
-    if not metrics.is_file():
+def last_record(run_dir: Path) -> dict:
+    if not (run_dir / "metrics.jsonl").is_file():
         return {}
     step, size = None, None
-    for line in metrics.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
+    for r in metrics(run_dir):  # a line being written is left out
         step = r.get("step", step)
         size = r.get("buffer/size", size)
     return {"step": step, "buffer": size}
@@ -107,25 +97,19 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the samples here")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for the run")
     a = parser.parse_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     out = Path(tempfile.mkdtemp(prefix="tba-soak-"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "tba",
-        "train",
+    overrides = [
         "--trainer.steps=1000000",
         f"--buffer.capacity={a.capacity}",
         "--eval.every=500",
         "--trainer.checkpoint_every=null",
         "--logging.progress=false",
-        f"--run.output_dir={out}",
-        "--run.name=soak",
         *a.overrides,
     ]
-    print(" ".join(cmd[2:]), flush=True)
     log = open(out / "stderr.log", "w")  # noqa: SIM115 (open for the whole run)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, start_new_session=True)
+    proc = start_train(overrides, out, "soak", log, cwd=ROOT)
+    print(" ".join(proc.args[2:]), flush=True)
     driver = psutil.Process(proc.pid)
     start = time.time()
     rows = []
@@ -134,19 +118,14 @@ def main() -> None:
             time.sleep(min(a.interval, max(0.0, start + (len(rows) + 1) * a.interval - time.time())))
             if proc.poll() is not None:
                 sys.exit(f"the run ended early (exit {proc.returncode}); see {out / 'stderr.log'}")
-            row = {"minute": (time.time() - start) / 60, **last_record(out / "soak" / "metrics.jsonl")}
+            row = {"minute": (time.time() - start) / 60, **last_record(out / "soak")}
             row["rss"], row["anon"] = sample(driver)
             rows.append(row)
             procs = ", ".join(f"{k} {v:.0f} ({row['anon'][k]:.0f})" for k, v in sorted(row["rss"].items()))
             head = f"min {row['minute']:5.1f}  step {row['step']}  buffer {row['buffer']}"
             print(f"{head}  RSS (anon) MB: {procs}", flush=True)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+        stop(proc, grace=120)
     # the reference: the first sample at or after --reference minutes with the buffer full
     full = [r for r in rows if r["minute"] >= a.reference - 0.1 and (r["buffer"] or 0) >= a.capacity]
     if not full:

@@ -17,19 +17,22 @@ import statistics
 import time
 
 import torch
+from harness import print_machine
 
 from tba.config import load_config
-from tba.machine import machine_line
 from tba.runtime.build import build_components
+from tba.runtime.preflight import prepare_task, ready_plan
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     args, overrides = parser.parse_known_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     cfg = load_config(None, ["--runtime.type=sync", *overrides])
-    c = build_components(cfg, log=lambda msg: None)
+    prepared = prepare_task(cfg, lambda msg: None)
+    plan = ready_plan(cfg, prepared[1], lambda msg: None)
+    c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
     c.trainer.publish()
     for _ in range(5):
         c.trainer.ingest(c.searcher.step())

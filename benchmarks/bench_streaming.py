@@ -27,15 +27,12 @@ import json
 import math
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-from tba.machine import describe_machine, machine_line
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, describe_machine, print_machine
+from harness.models import build_model, ensure_smollm2
 
 
 def lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -45,14 +42,8 @@ def lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
 
 def model_path(name: str, tmp: Path) -> str:
     if name == "smollm2":
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from real_model import ensure_smollm2
-
         return str(ensure_smollm2())
-    if name in ("qwen0.5b", "qwen-tiny"):  # random weights in Qwen2.5-0.5B's shape (benchmarks/bench_gpu.py)
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from bench_gpu import build_model
-
+    if name in ("qwen0.5b", "qwen-tiny"):  # random weights in Qwen2.5-0.5B's shape (as bench_gpu.py's)
         build_model(tmp, "0.5b" if name == "qwen0.5b" else "tiny")
         return str(tmp)
     if name in ("tiny", "tiny30m"):  # random Llamas with 32- and 64-wide heads (vLLM's CPU attention)
@@ -133,7 +124,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "streaming")
     a = p.parse_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
 
     import tempfile
 

@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
+from harness import ROOT, describe_machine, fmt, print_machine, rule, train
 
-ROOT = Path(__file__).resolve().parent.parent
 TASKS = {
     "demo": [],
     "chains": ["--task.terms=5", "--task.digits=1", "--task.show_work=true", "--generation.max_new_tokens=40"],
@@ -50,20 +47,12 @@ def run(out: Path, task: str, mode: str, seed: int, steps: int | None, extra: li
     if kept.exists():
         return json.loads(kept.read_text())
     with tempfile.TemporaryDirectory(prefix="tba-stream-e2e-") as tmp:
-        args = [sys.executable, "-m", "tba", "train", "--runtime.type=ray", f"--run.seed={seed}"]
-        args += [f"--run.output_dir={tmp}", f"--run.name={name}", "--logging.progress=false"]
+        args = ["--runtime.type=ray", f"--run.seed={seed}", "--logging.progress=false"]
         args += [f"--generation.stream={'true' if mode == 'stream' else 'false'}", *TASKS[task], *extra]
         args += [f"--trainer.steps={steps}", f"--eval.every={steps}"] if steps else []
-        start = time.time()
-        proc = subprocess.run(args, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
-        wall = time.time() - start
-        run_dir = Path(tmp) / name
-        summary = json.loads((run_dir / "summary.json").read_text())
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r.get("train/loss") is not None]
-    last = train[-1]
+        done = train(args, Path(tmp), name)
+        summary, steps_logged = done.summary(), done.steps()
+    last = steps_logged[-1]
     row = {
         "task": task,
         "mode": mode,
@@ -71,8 +60,8 @@ def run(out: Path, task: str, mode: str, seed: int, steps: int | None, extra: li
         "steps": summary["trainer_steps"],
         "acc_initial": summary["eval/accuracy_initial"],
         "acc_final": summary["eval/accuracy_final"],
-        "wall_s": round(wall, 1),
-        "loop_s": round(train[-1]["time_s"] - train[0]["time_s"], 1),
+        "wall_s": round(done.wall_s, 1),
+        "loop_s": round(steps_logged[-1]["time_s"] - steps_logged[0]["time_s"], 1),
         "trainer_busy": summary.get("trainer_busy_fraction"),
         "trainer_wait_s": summary.get("trainer_wait_s"),
         "lag_mean": summary.get("lag_mean"),
@@ -88,17 +77,13 @@ def mean_of(rows: list[dict], key: str) -> float | None:
     return statistics.mean(values) if values and None not in values else None
 
 
-def fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def report(out: Path) -> None:
     rows = [json.loads(p.read_text()) for p in sorted(out.glob("*-s*.json"))]
     if not rows:
         sys.exit(f"nothing kept in {out} yet")
     print("| task | searcher | seeds | accuracy before → after | loop s | trainer busy | completions/s | "
           "engine busy | group latency p50 / p95 s |")  # fmt: skip
-    print("|---|---|---:|---|---:|---:|---:|---:|---|")
+    print(rule("llrlrrrrl"))
     for task in TASKS:
         for mode in ("batch", "stream"):
             rs = [r for r in rows if r["task"] == task and r["mode"] == mode]
@@ -124,7 +109,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "streaming" / "e2e")
     a = p.parse_args()
     if a.what == "run":
-        print(f"machine: {machine_line()}", flush=True)
+        print_machine()
         for task in a.tasks:
             for seed in a.seeds:
                 for mode in ("batch", "stream"):

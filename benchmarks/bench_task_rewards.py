@@ -31,15 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, describe_machine, print_machine
 
 PAPER = {  # depth and width of the paper's models (their vocabularies are not reproduced)
     "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12},
@@ -196,7 +192,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     print(f"searcher batch parts as shares of its time ({args.shape} models, one thread, {args.batches} batches)")
     results = [bench_task(t, args.shape, args.batches, args.overrides) for t in args.tasks]
     if args.json:

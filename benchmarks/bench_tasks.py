@@ -26,9 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tba.machine import machine_line
-
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, print_machine
 
 LOAD_SNIPPET = """
 import json, sys, time, resource
@@ -142,7 +140,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batches", type=int, default=30)
     args = parser.parse_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     print(f"1. loading a {args.rows:,}-row JSONL through task.name=dataset (fresh process each)")
     bench_loading(args.rows)
     print(f"2. searcher time in task code, demo model, 16 prompts x 8 completions, {args.batches} batches")

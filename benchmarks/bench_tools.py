@@ -24,46 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tba.machine import describe_machine, machine_line
+from harness import ROOT, describe_machine, print_machine, tba, train
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tools.yaml"
+CONFIG = ROOT / "configs" / "tools.yaml"
 SLOW = "--task.tools=[tba.tasks.slow_tools:calculator]"
 
 
-def tba(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "tba", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"tba {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return proc.stdout
-
-
-def train(out: Path, name: str, runtime: str, steps: int, extra: list[str]) -> dict:
-    start = time.time()
-    tba(
-        "train",
-        str(CONFIG),
-        f"--runtime.type={runtime}",
-        f"--trainer.steps={steps}",
-        f"--run.output_dir={out}",
-        f"--run.name={name}",
-        "--logging.progress=false",
-        *extra,
-    )
-    wall = time.time() - start
-    summary = json.loads((out / name / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
-    train_records = [r for r in records if r.get("train/loss") is not None]
+def train_run(out: Path, name: str, runtime: str, steps: int, extra: list[str]) -> dict:
+    args = [f"--runtime.type={runtime}", f"--trainer.steps={steps}", "--logging.progress=false", *extra]
+    done = train(args, out, name, config=CONFIG)
+    summary, train_records = done.summary(), done.steps()
     last = train_records[-1]
     return {
         "name": name,
         "runtime": runtime,
         "steps": steps,
-        "wall_s": round(wall, 1),
+        "wall_s": round(done.wall_s, 1),
         "loop_s": round(last["time_s"] - train_records[0]["time_s"], 1),
         "accuracy_before": summary.get("eval/accuracy_initial"),
         "accuracy_after": summary.get("eval/accuracy_final"),
@@ -93,7 +72,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tools"))
     args = parser.parse_args()
-    print(f"machine: {machine_line()}", flush=True)
+    print_machine()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = args.out / "runs"
     path = args.out / "results.json"
@@ -109,7 +88,7 @@ def main() -> None:
         )
         rows = []
         for runtime in ("sync", "ray"):
-            run = train(runs, f"rl-{runtime}", runtime, args.steps, [f"--eval.every={max(1, args.steps // 4)}"])
+            run = train_run(runs, f"rl-{runtime}", runtime, args.steps, [f"--eval.every={max(1, args.steps // 4)}"])
             run["after_with_tool"] = accuracy(str(runs / run["name"]))
             run["after_without_tool"] = accuracy(str(runs / run["name"]), "--task.tools=[]")
             print(json.dumps(run))
@@ -125,7 +104,7 @@ def main() -> None:
                 if runtime == "ray":  # searchers waiting on tools need little CPU: they share the trainer's cores
                     extra += [f"--runtime.num_searchers={searchers}", f"--runtime.searcher_cpus={1 / searchers:.3g}"]
                 name = f"slow-{runtime}-{searchers}-w{workers}"
-                run = train(runs, name, runtime, args.slow_steps, extra)
+                run = train_run(runs, name, runtime, args.slow_steps, extra)
                 base = base or run
                 run.update(searchers=searchers, workers=workers, ratio=round(base["wall_s"] / run["wall_s"], 2))
                 print(json.dumps(run))

@@ -8,17 +8,17 @@ For each size (randomly initialised Llama-shaped models: ``30m``; ``135m``, Smol
 CPU, the live weights published without a cast; ``bfloat16``: a cast copy, as on a GPU), the script
 trains the model with the real trainer (``tba.trainer.Trainer``, fp32, a small synthetic batch,
 ``trainer.sync_interval=1``) over the ray runtime's real transport (a ``WeightBoard`` and
-``RayWeightStore``) and a searcher-like actor in another process that fetches and loads each
+``ObjectStoreSender``) and a searcher-like actor in another process that fetches and loads each
 version. Arms, side by side in one run:
 
 - ``pickled``: what the ray runtime did before (the state dict pickled into the object store, in
   line on the trainer's path);
-- ``inline``: the packed transport (:func:`tba.runtime.weight_board.pack`: numpy arrays Ray stores
+- ``inline``: the packed transport (:func:`tba.weights.ray.board.pack`: numpy arrays Ray stores
   without pickling, read in place), on the trainer's path;
 - ``background``: the packed transport on the publisher's thread
   (:class:`tba.weights.BackgroundPublisher`); the trainer waits only before its optimizer step,
   for a publication that still reads the live weights.
-- ``broadcast``: ``runtime.weight_transport=broadcast`` (:mod:`tba.runtime.broadcast`: a gloo group
+- ``broadcast``: ``runtime.weight_transport=broadcast`` (:mod:`tba.weights.ray.broadcast`: a gloo group
   of the trainer and the receiver, one byte buffer in buckets) on the publisher's thread; the
   receiver stages each version on a thread of its own, and its fetch hands over the staged buffer.
 
@@ -43,20 +43,19 @@ from pathlib import Path
 
 import ray
 import torch
+from harness import ROOT, describe_machine, print_machine
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.machine import describe_machine, machine_line
 from tba.models.precision import cast_floats
-from tba.runtime.broadcast import BroadcastReceiver, BroadcastSender
-from tba.runtime.weight_board import RayWeightStore, WeightBoard
 from tba.trainer import Trainer
 from tba.types import RolloutGroup
 from tba.weights import BackgroundPublisher, to_host
+from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender
+from tba.weights.ray.channel import channel_receiver, channel_sender, open_channel
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
     "30m": dict(
         hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2
@@ -78,13 +77,15 @@ def build(size: str) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-class PickledStore(RayWeightStore):
+class PickledSender(ObjectStoreSender):
     """The ray runtime's transport before packing: the state dict pickled into the object store."""
 
-    def publish(self, state_dict, version):
+    def send(self, state_dict, version):
         ref = ray.put(to_host(state_dict))
         ray.get(self.board.set.remote(version, [ref]))
 
+
+class PickledReceiver(ObjectStoreReceiver):
     def fetch(self, newer_than):
         newest = ray.get(self.board.get_if_newer.remote(newer_than))
         return None if newest is None else (newest[0], ray.get(newest[1][0]))
@@ -94,14 +95,15 @@ class PickledStore(RayWeightStore):
 class Receiver:
     """A searcher's side: fetch the newest weights from the board and load them into its own copy."""
 
-    def __init__(self, size: str, dtype: str, board, arm: str) -> None:
+    def __init__(self, size: str, dtype: str, channel, arm: str) -> None:
         torch.set_num_threads(1)
         hf_logging.set_verbosity_error()
         self.model = build(size).to(DTYPES[dtype]).eval()
-        if arm == "broadcast":
-            self.store = BroadcastReceiver(board, 0, "receiver")
+        self.arm = arm
+        if arm == "pickled":
+            self.store = PickledReceiver(ray.get_actor(channel.board_name))
         else:
-            self.store = (PickledStore if arm == "pickled" else RayWeightStore)(board)
+            self.store = channel_receiver(channel, 0, "receiver")
         self.version, self.fetch_s, self.load_s = -1, [], []
 
     def pull(self) -> int:
@@ -120,7 +122,7 @@ class Receiver:
         return self.fetch_s, self.load_s
 
     def joined(self) -> bool:
-        return getattr(self.store, "group", None) is not None
+        return self.arm == "broadcast" and self.store.primary.group is not None
 
 
 def synthetic_groups(vocab: int, prompts: int, k: int, length: int) -> list[RolloutGroup]:
@@ -146,11 +148,8 @@ def run_arm(size: str, dtype: str, arm: str, steps: int, prompts: int, length: i
     hf_logging.set_verbosity_error()
     model = build(size)
     params = sum(p.numel() for p in model.parameters())
-    board = WeightBoard.remote()
-    if arm == "broadcast":
-        store = BroadcastSender(board, 1, print)
-    else:
-        store = (PickledStore if arm == "pickled" else RayWeightStore)(board)
+    channel, boards = open_channel("broadcast" if arm == "broadcast" else "object_store", f"bench-{arm}", 1)
+    store = PickledSender(boards[0]) if arm == "pickled" else channel_sender(channel, print)
     weights = BackgroundPublisher(store) if arm in ("background", "broadcast") else store
     buffer = ReplayBuffer(capacity=10_000, recent_prob=1.0, seed=0)
     for group in synthetic_groups(model.config.vocab_size, prompts, 4, length):
@@ -166,28 +165,26 @@ def run_arm(size: str, dtype: str, arm: str, steps: int, prompts: int, length: i
         {2},
         publish_dtype=DTYPES[dtype],
     )
-    receiver = Receiver.remote(size, dtype, board, arm)
+    receiver = Receiver.remote(size, dtype, channel, arm)
     trainer.publish()
     trainer.flush_publication()
     ray.get(receiver.pull.remote())
     if arm == "broadcast":  # the first publication went by the object store; the group forms after it
-        while not (store.formed and ray.get(receiver.joined.remote())):
+        while not (store.primary.formed and ray.get(receiver.joined.remote())):
             time.sleep(0.1)
     rows, pulls = [], []
     for _ in range(steps):  # the receiver fetches while the trainer takes its next step, as a searcher does
         rows.append(trainer.step())
         pulls.append(receiver.pull.remote())
-    if isinstance(weights, BackgroundPublisher):
-        weights.close()
     ray.get(pulls)
     end = time.monotonic() + 60  # a broadcast version is staged a moment after it was sent
     while ray.get(receiver.pull.remote()) < steps and time.monotonic() < end:
         time.sleep(0.05)
-    if arm == "broadcast":
-        store.close()
+    weights.close()  # (and the sender)
     fetch_s, load_s = ray.get(receiver.times.remote())
     ray.kill(receiver)
-    ray.kill(board)
+    for actor in boards:
+        ray.kill(actor)
     rows, fetch_s, load_s = rows[1:], fetch_s[1:], load_s[1:]  # the first step warms up AdamW's state
     if not rows:
         raise SystemExit("--steps must be at least 2: the first step is not counted")
@@ -228,7 +225,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "weight_sync")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"machine: {machine_line()}; trainer threads {a.threads}", flush=True)
+    print_machine(f"; trainer threads {a.threads}")
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False)
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "results.json"

@@ -19,7 +19,6 @@ ones, and the distance of its final weights from the recorded run's.
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import sys
 from pathlib import Path
@@ -54,19 +53,17 @@ def replay(batches_path: Path, run: Path) -> int:
     from safetensors.torch import load_file
 
     from tba.config import load_config
+    from tba.metrics import read_metrics
+    from tba.plan import make_plan
     from tba.runtime.build import build_components
-    from tba.runtime.run_dir import open_run
+    from tba.runtime.run_dir import absolute_paths, open_run
 
     with open(batches_path, "rb") as f:
         batches = pickle.load(f)
-    logged = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "train/loss" in row:
-            logged[row["step"]] = row
+    logged = {row["step"]: row for row in read_metrics(run / "metrics.jsonl") if "train/loss" in row}
     cfg = load_config(str(run / "config.yaml"), ["--runtime.type=sync", f"--run.name={run.name}-replay"])
-    cfg, _, prepared, plan = open_run(cfg, Console(stderr=True))
-    c = build_components(cfg, lambda m: None, with_searcher=False, prepared=prepared, plan=plan)
+    cfg, _, prepared, plan = open_run(cfg, Console(stderr=True), make_plan(absolute_paths(cfg)))
+    c = build_components(cfg, plan, lambda m: None, with_searcher=False, prepared=prepared)
     start = {k: v.detach().clone() for k, v in c.policy.state_dict().items()}
     c.trainer.publish()
     worst = 0.0
