@@ -345,11 +345,12 @@ def build_models(part: str) -> None:
     """Build (or find cached) the warm-started model every run of the part starts from, once,
     before runs that would otherwise race to build it."""
     from tba.config import load_config
-    from tba.runtime.policy import model_paths
+    from tba.plan import make_plan
+    from tba.runtime.preflight import check_models
 
     tasks = {"hard": HARD, "trust_tau": LONG, **{name: task for name, (task, _, _) in VARIANT_PARTS.items()}}
-    args = tasks.get(part, [])
-    model_paths(load_config(None, args), log=lambda msg: print(msg, flush=True))
+    cfg = load_config(None, tasks.get(part, []))
+    check_models(cfg, make_plan(cfg), log=lambda msg: print(msg, flush=True))
 
 
 def cell(values: list[float]) -> str:

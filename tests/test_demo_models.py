@@ -15,7 +15,8 @@ from tba.config import load_config
 from tba.demo import index
 from tba.demo.warm_start import reached
 from tba.models.tiny import DEFAULT_SPEC, TinySpec
-from tba.runtime.policy import resolve_model_path
+from tba.plan import make_plan
+from tba.runtime.preflight import check_models
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 
@@ -25,7 +26,8 @@ CONFIGS = {None: "tiny-arithmetic", "configs/custom_task.yaml": "tiny-arithmetic
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_demos_start_from_the_shipped_weights(config, tmp_path):
     cfg = load_config(config, [f"--model.cache_dir={tmp_path}"])
-    path = resolve_model_path(cfg.model.policy, cfg, log=lambda m: pytest.fail(f"built a model: {m}"))
+    path = make_plan(cfg).policy
+    check_models(cfg, make_plan(cfg), log=lambda m: pytest.fail(f"built a model: {m}"))
     entry = demo.shipped_index()[Path(path).name]
     assert Path(path).parent == demo.SHIPPED_DIR and Path(path).name.startswith(CONFIGS[config])
     assert demo.file_sha256(Path(path) / "model.safetensors") == entry["sha256"]
@@ -58,13 +60,13 @@ def test_a_damaged_shipped_model_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(index, "SHIPPED_DIR", copy)
     monkeypatch.setattr(index, "SHIPPED_INDEX", copy / index.SHIPPED_INDEX.name)
     cfg = load_config(None, [f"--model.cache_dir={tmp_path / 'cache'}"])
-    assert Path(resolve_model_path(cfg.model.policy, cfg)).parent == copy  # intact: taken
+    assert Path(make_plan(cfg).policy).parent == copy  # intact: taken
     (weights,) = copy.glob("tiny-arithmetic-*/model.safetensors")
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     with pytest.raises(RuntimeError, match="missing or damaged .*`make demo-models`"):
-        resolve_model_path(cfg.model.policy, cfg)
+        make_plan(cfg)  # the plan checks a shipped model's hash when it names it
 
 
 def test_another_setting_is_not_shipped_and_would_be_built(tmp_path):

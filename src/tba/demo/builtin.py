@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tba.demo.index import shipped
+from tba.demo.index import SHIPPED_DIR, shipped
 from tba.demo.warm_start import TOOL_SPEC, warm_start, warm_start_tools
 from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama, build_tool_tokenizer
 from tba.tasks.arithmetic import ArithmeticTask
@@ -54,32 +54,51 @@ def tiny_model_path(
     return cache_root(cache_dir) / f"{kind}-{digest}"
 
 
+def builtin_location(name: str, task_cfg, cache_dir: str | None = None) -> Path:
+    """Where the built-in model ``name`` of this arithmetic setting loads from, building nothing: the
+    folder the package ships (its weights checked by hash), else its cache folder (built or not yet).
+    The run plan's path of it; :func:`build_builtin` builds it there."""
+    spec, kind = (TOOL_SPEC, "tiny-tools") if name == TOOL_MODEL else (DEFAULT_SPEC, "tiny-arithmetic")
+    path = tiny_model_path(task_cfg, cache_dir, spec, kind=kind)
+    return shipped(path.name) or path
+
+
+def build_builtin(name: str, task_cfg, path: Path, log=print, spec: TinySpec | None = None) -> Path:
+    """The built-in model ``name`` of this arithmetic setting at ``path`` (:func:`builtin_location`'s):
+    as it is when shipped or cached there, else warm-started (on ``spec``, default the model's own)
+    and saved there."""
+    if task_cfg.name != "arithmetic":
+        raise ValueError(f"{name} is warm-started on the arithmetic task, not {task_cfg.name!r}")
+    if path.parent == SHIPPED_DIR:  # checked by hash when the plan found it
+        return path
+    c = task_cfg
+    if name == TOOL_MODEL:
+        task = ArithmeticTask(c.digits, c.operators, c.eval_size, c.seed, c.terms)
+        spec = spec or TOOL_SPEC
+        return _cached(path, "tool demo model", spec, build_tool_tokenizer, warm_start_tools, task, log)
+    task = ArithmeticTask(c.digits, c.operators, c.eval_size, c.seed, c.terms, c.show_work)
+    return _cached(path, "demo model", spec or DEFAULT_SPEC, build_char_tokenizer, warm_start, task, log)
+
+
 def ensure_tiny_model(
     task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, log=print, use_shipped: bool = True
 ) -> Path:
-    """Path of the warm-started demo checkpoint for this arithmetic setting: the shipped one (checked
-    by hash) for the settings the package ships, else built on first use and cached."""
-    if task_cfg.name != "arithmetic":
-        raise ValueError(f"builtin:tiny-arithmetic is warm-started on the arithmetic task, not {task_cfg.name!r}")
-    path = tiny_model_path(task_cfg, cache_dir, spec)
-    task = ArithmeticTask(
-        task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms, task_cfg.show_work
-    )
-    found = shipped(path.name) if use_shipped else None
-    return found or _cached(path, "demo model", spec, build_char_tokenizer, warm_start, task, log)
+    """The demo model of this arithmetic setting (``builtin:tiny-arithmetic``) on ``spec``: the shipped
+    one (``use_shipped``), else built on first use and cached."""
+    return _ensure("builtin:tiny-arithmetic", "tiny-arithmetic", task_cfg, cache_dir, spec, log, use_shipped)
 
 
 def ensure_tiny_tool_model(
     task_cfg, cache_dir: str | None = None, spec: TinySpec = TOOL_SPEC, log=print, use_shipped: bool = True
 ) -> Path:
-    """Path of the warm-started tool demo checkpoint (``builtin:tiny-tools``) for this arithmetic
-    setting: the shipped one (checked by hash), else built on first use and cached."""
-    if task_cfg.name != "arithmetic":
-        raise ValueError(f"{TOOL_MODEL} is warm-started on the arithmetic task, not {task_cfg.name!r}")
-    path = tiny_model_path(task_cfg, cache_dir, spec, kind="tiny-tools")
-    task = ArithmeticTask(task_cfg.digits, task_cfg.operators, task_cfg.eval_size, task_cfg.seed, task_cfg.terms)
+    """The tool demo model of this arithmetic setting (``builtin:tiny-tools``), likewise."""
+    return _ensure(TOOL_MODEL, "tiny-tools", task_cfg, cache_dir, spec, log, use_shipped)
+
+
+def _ensure(name: str, kind: str, task_cfg, cache_dir, spec: TinySpec, log, use_shipped: bool) -> Path:
+    path = tiny_model_path(task_cfg, cache_dir, spec, kind=kind)
     found = shipped(path.name) if use_shipped else None
-    return found or _cached(path, "tool demo model", spec, build_tool_tokenizer, warm_start_tools, task, log)
+    return found or build_builtin(name, task_cfg, path, log, spec)
 
 
 def _cached(path: Path, what: str, spec: TinySpec, make_tokenizer, warm, task, log) -> Path:

@@ -200,16 +200,10 @@ def builtin_setting(name: str, cfg: Config) -> ArithmeticTaskConfig | None:
 def model_location(name: str, cfg: Config) -> str:
     """Where ``name`` (``model.policy`` or ``model.reference``) loads from, without loading or
     building anything: a hub id or path as given; a built-in model's shipped or cached folder."""
-    from tba.demo import TOOL_MODEL, TOOL_SPEC, shipped, tiny_model_path
+    from tba.demo.builtin import builtin_location
 
     warm = builtin_setting(name, cfg)
-    if warm is None:
-        return name
-    if name == TOOL_MODEL:
-        path = tiny_model_path(warm, cfg.model.cache_dir, TOOL_SPEC, kind="tiny-tools")
-    else:
-        path = tiny_model_path(warm, cfg.model.cache_dir)
-    return str(shipped(path.name) or path)
+    return name if warm is None else str(builtin_location(name, warm, cfg.model.cache_dir))
 
 
 def vllm_engines(cfg: Config, device: str, plan_or_shares) -> dict[str, dict]:

@@ -1,5 +1,4 @@
-"""Where a run's models come from: the policy's and the reference's paths (the built-in demo model
-built on first use), the trainer's copy of the policy (its precision, LoRA adapter, activation
+"""The trainer's copy of the policy (its precision, LoRA adapter, activation
 checkpointing), seeding, and transformers kept quiet. The builders (:mod:`tba.runtime.build`) and
 the trainer ranks (:mod:`tba.runtime.ranks`) both load from here."""
 
@@ -12,7 +11,6 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from tba.config import Config, ConfigError
-from tba.demo import TOOL_MODEL, ensure_tiny_model, ensure_tiny_tool_model
 from tba.models.loading import (
     load_causal_lm,
 )
@@ -21,7 +19,7 @@ from tba.models.lora import (
     add_adapter,
 )
 from tba.models.precision import Precision
-from tba.plan import Plan, builtin_setting
+from tba.plan import Plan
 from tba.trainer import Trainer
 from tba.weights import NoSender
 
@@ -32,26 +30,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_model_path(name: str, cfg: Config, log=print) -> str:
-    """A Hugging Face id or local path; ``builtin:`` names are built and cached on first use, on the
-    setting :func:`tba.plan.builtin_setting` names."""
-    warm = builtin_setting(name, cfg)
-    if warm is None:
-        return name
-    if name == TOOL_MODEL:
-        return str(ensure_tiny_tool_model(warm, cfg.model.cache_dir, log=log))
-    return str(ensure_tiny_model(warm, cfg.model.cache_dir, log=log))
-
-
 def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()  # per-file loading bars would bury the run's own progress
-
-
-def model_paths(cfg: Config, log=print) -> tuple[str, str]:
-    """(policy, reference) as loadable ids or paths; builds the demo model on first use."""
-    policy_path = resolve_model_path(cfg.model.policy, cfg, log)
-    ref_path = resolve_model_path(cfg.model.reference, cfg, log) if cfg.model.reference else policy_path
-    return policy_path, ref_path
 
 
 def load_trainer_policy(

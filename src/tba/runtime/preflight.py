@@ -5,26 +5,29 @@ directory exists; the builders (:mod:`tba.runtime.build`) and ``tba eval`` too."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tba.config import Config, ConfigError
 from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
+from tba.demo.builtin import build_builtin
 from tba.generation.turns import make_conversations
 from tba.generation.vllm_backend import check_vllm_backend
 from tba.models.loading import check_causal_lm, eos_ids, generation_config_of, load_tokenizer
 from tba.models.lora import check_lora_config
 from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
-from tba.plan import Plan, make_plan
-from tba.runtime.policy import model_paths, quiet_transformers
+from tba.plan import Plan, builtin_setting, make_plan
+from tba.runtime.policy import quiet_transformers
 from tba.tasks import Task, build_task
 
 
 def check_models(cfg: Config, plan: Plan, log=print) -> None:
-    """Build the built-in models the plan names on first use, and check, from their configs alone,
-    that the policy and the reference exist and are causal LMs: before the run directory exists."""
-    built = model_paths(cfg, log)  # builds a built-in model where the plan expects it
-    if built != (plan.policy, plan.reference):
-        raise RuntimeError(
-            f"the models were built at {built}, not where the plan says ({plan.policy}, {plan.reference})"
-        )
+    """Build the built-in models the plan names, where it names them, on first use, and check, from
+    their configs alone, that the policy and the reference exist and are causal LMs: before the run
+    directory exists."""
+    for name, path in ((cfg.model.policy, plan.policy), (cfg.model.reference, plan.reference)):
+        warm = builtin_setting(name, cfg) if name else None
+        if warm is not None:
+            build_builtin(name, warm, Path(path), log)
     config = check_causal_lm(plan.policy, cfg.model.trust_remote_code, what="model.policy")
     if plan.reference != plan.policy:
         check_causal_lm(plan.reference, cfg.model.trust_remote_code, what="model.reference")

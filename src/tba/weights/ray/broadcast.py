@@ -46,14 +46,15 @@ from tba.weights.layout import Layout
 
 TIMEOUT_S = 60.0  # a broadcast or a group's forming, on the trainer's side
 POLL_S = 0.05  # how often a searcher asks the board for an announced broadcast
-SILENT_S = 1.0  # a member that has not polled for this long after a failed broadcast is named in the log
+BEAT_S = 0.25  # how often a searcher's receiver says it is alive (a thread of its own: never blocked in gloo)
+SILENT_S = 2.0  # a member silent this long after a failed broadcast is named in the log (its process died)
 BUCKET_BYTES = 64 << 20
 
 
 @ray.remote(num_cpus=0)
 class GroupBoard:
     """The group's rendezvous: each searcher's incarnation, the newest generation of the group, the
-    broadcast announced last, and when each member last polled."""
+    broadcast announced last, and when each member last said it was alive."""
 
     def __init__(self) -> None:
         self.registered: dict[int, str] = {}  # searcher index -> its incarnation token
@@ -76,6 +77,10 @@ class GroupBoard:
     def announce_broadcast(self, version: int, generation: int) -> None:
         self.pending = (version, generation)
 
+    @ray.method(enable_task_events=False)  # called 4 times a second by each searcher
+    def beat(self, index: int) -> None:
+        self.polled[index] = time.monotonic()
+
     @ray.method(enable_task_events=False)  # called 20 times a second by each searcher
     def poll(self, generation: int, index: int):
         """(the group's newest generation if newer than ``generation``, the broadcast announced last)"""
@@ -84,7 +89,7 @@ class GroupBoard:
         return newer, self.pending
 
     def silent(self, seconds: float) -> list[int]:
-        """The registered searchers that have not polled for ``seconds``."""
+        """The registered searchers that have not said they are alive for ``seconds``."""
         now = time.monotonic()
         return sorted(i for i in self.registered if now - self.polled.get(i, 0.0) > seconds)
 
@@ -190,7 +195,7 @@ class BroadcastSender(Sender):
         except RuntimeError as err:  # gloo's errors: a searcher died (closed connection) or hung (timeout)
             self.broken_at = time.monotonic()
             self.failures += 1
-            time.sleep(SILENT_S)  # (the publisher's thread) the survivors go back to polling meanwhile
+            time.sleep(SILENT_S)  # (the publisher's thread) a dead searcher's heartbeat stops meanwhile
             silent = ray.get(self.board.silent.remote(SILENT_S))
             who = (
                 f"searcher(s) {', '.join(map(str, silent))} stopped answering" if silent else "no searcher went silent"
@@ -272,6 +277,8 @@ class BroadcastReceiver(Receiver):
         ray.get(board.register.remote(index, token))
         self._thread = threading.Thread(target=self._run, name="tba-weights-receiver", daemon=True)
         self._thread.start()
+        self._beat = threading.Thread(target=self._beat_run, name="tba-weights-heartbeat", daemon=True)
+        self._beat.start()
 
     @classmethod
     def open(cls, board, index: int, token: str) -> BroadcastReceiver:
@@ -311,6 +318,16 @@ class BroadcastReceiver(Receiver):
                     self._receive(pending[0])
                 else:
                     time.sleep(POLL_S)
+        except Exception as err:  # fetch raises it
+            if not self._closed.is_set():
+                self._error = err
+
+    def _beat_run(self) -> None:
+        """Tell the board this process lives, from a thread that no collective blocks (the trainer
+        names the searchers that went silent when a broadcast fails)."""
+        try:
+            while not self._closed.wait(BEAT_S):
+                ray.get(self.board.beat.remote(self.index))
         except Exception as err:  # fetch raises it
             if not self._closed.is_set():
                 self._error = err

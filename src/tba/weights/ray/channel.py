@@ -74,7 +74,7 @@ class RankSender(Sender):
 
 
 def channel_sender(channel: Channel, log: Callable[[str], None]) -> Sender:
-    """The trainer's side of ``channel``: the object store, or the transport in front of it."""
+    """The trainer's side of ``channel``: the object store alone, or a primary with it behind."""
     object_store = ObjectStoreSender(ray.get_actor(channel.board_name), channel)
     kind = channel.kind
     if not kind.primary:
