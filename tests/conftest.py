@@ -164,8 +164,9 @@ def assert_reports_declared(reported: dict) -> None:
 def components(cfg, log=lambda _: None, **kwargs):
     """``build_components`` as ``tba train`` calls it: the task prepared and checked, the plan made
     ready (models built and checked, EOS ids known)."""
+    from tba.plan import make_plan
     from tba.runtime.build import build_components
     from tba.runtime.preflight import prepare_task, ready_plan
 
     prepared = prepare_task(cfg, log)
-    return build_components(cfg, ready_plan(cfg, prepared[1], log), log, prepared=prepared, **kwargs)
+    return build_components(cfg, ready_plan(cfg, make_plan(cfg), prepared[1], log), log, prepared=prepared, **kwargs)

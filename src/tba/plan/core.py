@@ -17,7 +17,6 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -123,8 +122,8 @@ class Plan:
     def with_actor_shares(self, cfg: Config, searcher_gpus: float, eval_gpus: float) -> Plan:
         """The plan with the actors' GPU shares of a cluster joined (known once joined), and its
         engines' settings for them."""
-        shares = dataclasses.replace(self, searcher_gpus=searcher_gpus, eval_gpus=eval_gpus)
-        return dataclasses.replace(shares, engines=vllm_engines(cfg, shares.device, shares))
+        engines = vllm_engines(cfg, self.device, searcher_gpus, eval_gpus)
+        return dataclasses.replace(self, searcher_gpus=searcher_gpus, eval_gpus=eval_gpus, engines=engines)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -206,7 +205,7 @@ def model_location(name: str, cfg: Config) -> str:
     return name if warm is None else str(builtin_location(name, warm, cfg.model.cache_dir))
 
 
-def vllm_engines(cfg: Config, device: str, plan_or_shares) -> dict[str, dict]:
+def vllm_engines(cfg: Config, device: str, searcher_gpus: float | None, eval_gpus: float | None) -> dict[str, dict]:
     """Each vLLM engine's memory and sleep by role, from its process's share of a GPU: a searcher's
     (``searcher_gpus`` in the ray runtime; in the sync runtime it shares the trainer's process and
     GPU), an evaluation's (the evaluation actor's ``eval_gpus``; ``tba eval``: a whole GPU)."""
@@ -215,8 +214,8 @@ def vllm_engines(cfg: Config, device: str, plan_or_shares) -> dict[str, dict]:
     settings, ray_runtime = cfg.generation.vllm, cfg.runtime.type == "ray"
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     shares = {
-        "searcher": plan_or_shares.searcher_gpus if ray_runtime else None,
-        "evaluation": plan_or_shares.eval_gpus if ray_runtime and cfg.eval.async_ else 1.0,
+        "searcher": searcher_gpus if ray_runtime else None,
+        "evaluation": eval_gpus if ray_runtime and cfg.eval.async_ else 1.0,
     }
     return {
         role: {
@@ -386,7 +385,7 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         searcher_gpus=searcher_gpus,
         eval_gpus=eval_gpus,
         shares_gpu=shares_gpu,
-        engines=vllm_engines(cfg, device, SimpleNamespace(searcher_gpus=searcher_gpus, eval_gpus=eval_gpus)),
+        engines=vllm_engines(cfg, device, searcher_gpus, eval_gpus),
         why=why,
         max_ahead=r.max_ahead if ray_runtime else None,
         warnings=(crowded,) if crowded else (),

@@ -234,7 +234,7 @@ def build_searcher(cfg: Config, plan: Plan, weights: Receiver, searcher_id: int 
         reference = ReferenceView(sampler)
     else:
         reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
-    # a searcher process: its share of a GPU is the plan's searcher_gpus
+    # a searcher process: its engine's memory and sleep are the plan's for a searcher
     return make_searcher(cfg, plan, task, tokenizer, sampler, reference, weights, searcher_id)
 
 

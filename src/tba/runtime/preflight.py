@@ -15,7 +15,7 @@ from tba.generation.vllm_backend import check_vllm_backend
 from tba.models.loading import check_causal_lm, eos_ids, generation_config_of, load_tokenizer
 from tba.models.lora import check_lora_config
 from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
-from tba.plan import Plan, builtin_setting, make_plan
+from tba.plan import Plan, builtin_setting
 from tba.runtime.policy import quiet_transformers
 from tba.tasks import Task, build_task
 
@@ -73,12 +73,11 @@ def policy_tokenizer(cfg: Config, plan: Plan, prepared_tokenizer):
     return prepared_tokenizer
 
 
-def ready_plan(cfg: Config, prepared_tokenizer, log=print) -> Plan:
-    """The run plan for ``cfg`` on this machine, ready for the builders: its models built (a
-    built-in one on first use) and checked, and the ids that end a completion. ``prepared_tokenizer``:
-    the tokenizer :func:`prepare_task` returned. What ``tba train`` does before it builds anything;
-    a library user builds components from this plan."""
-    plan = make_plan(cfg)
+def ready_plan(cfg: Config, plan: Plan, prepared_tokenizer, log=print) -> Plan:
+    """``plan`` (:func:`tba.plan.make_plan`'s for ``cfg``) ready for the builders: its models built
+    (a built-in one on first use) and checked, and the ids that end a completion.
+    ``prepared_tokenizer``: the tokenizer :func:`prepare_task` returned. What ``tba train`` does
+    before it builds anything; a library user builds components from this plan."""
     check_models(cfg, plan, log)
     return plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared_tokenizer))
 

@@ -26,7 +26,7 @@ from tba.metrics import check_backends, read_metrics
 from tba.plan import Plan
 from tba.runtime.build import Components
 from tba.runtime.policy import seed_everything
-from tba.runtime.preflight import check_models, plan_with_eos, policy_tokenizer, prepare_task
+from tba.runtime.preflight import prepare_task, ready_plan
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -160,8 +160,7 @@ def open_run(cfg: Config, console: Console, plan: Plan) -> tuple[Config, Path, t
     run_dir = check_run_dir(cfg)
     check_backends(cfg.logging)
     prepared = prepare_task(cfg, log)
-    check_models(cfg, plan, log)
-    plan = plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared[1]))
+    plan = ready_plan(cfg, plan, prepared[1], log)
     seed_everything(cfg.run.seed)
     run_dir = prepare_run_dir(cfg, run_dir)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

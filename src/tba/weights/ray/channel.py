@@ -35,6 +35,10 @@ class Channel:
     def kind(self) -> Transport:
         return transport(self.transport)
 
+    def side_board(self):
+        """The transport's own board, found by name (None: it has none)."""
+        return ray.get_actor(self.side_board_name) if self.kind.board else None
+
 
 def open_channel(name: str, run_id: str, searchers: int) -> tuple[Channel, list]:
     """Start the channel's actors (in the driver, before the searchers): the channel, and the actors'
@@ -79,8 +83,7 @@ def channel_sender(channel: Channel, log: Callable[[str], None]) -> Sender:
     kind = channel.kind
     if not kind.primary:
         return object_store
-    board = ray.get_actor(channel.side_board_name) if kind.board else None
-    primary = kind.load("sender").open(board, channel.searchers, log)
+    primary = kind.load("sender").open(channel.side_board(), channel.searchers, log)
     return FallbackSender(primary, object_store, log, kind.name, channel)
 
 
@@ -90,5 +93,4 @@ def channel_receiver(channel: Channel, index: int, token: str) -> Receiver:
     kind = channel.kind
     if not kind.primary:
         return object_store
-    board = ray.get_actor(channel.side_board_name) if kind.board else None
-    return FallbackReceiver(kind.load("receiver").open(board, index, token), object_store)
+    return FallbackReceiver(kind.load("receiver").open(channel.side_board(), index, token), object_store)
