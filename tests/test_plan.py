@@ -124,19 +124,21 @@ def test_auto_runtime_takes_turns_on_a_shared_device_and_runs_side_by_side_on_de
 
 
 def test_each_runtimes_entry_point_runs_its_own_runtime_with_auto_resolved():
-    from tba.plan import runtime_config
+    from tba.plan import plan_run
 
-    cfg = runtime_config(load_config(None, []), "sync", TWO_CORES)  # what run_sync trains with
+    cfg, plan = plan_run(load_config(None, []), "sync", TWO_CORES)  # what run_sync trains with
+    assert plan.runtime == "sync" and plan.trust_region is None
     assert (
         cfg.runtime.type == "sync" and tb_trust_region(cfg.objective, stale_by_design(cfg)) is None
     )  # the band follows the runtime
     four = Hardware(cpus=16, gpus=4, bf16=True)
-    ray = runtime_config(load_config(None, []), "ray", four)
+    ray, plan = plan_run(load_config(None, []), "ray", four)
     assert tb_trust_region(ray.objective, stale_by_design(ray)) == 0.5
+    assert (plan.runtime, plan.trust_region) == ("ray", 0.5)
     with pytest.raises(ConfigError, match=r"auto chose sync \(searchers would share .*set runtime.type=ray"):
-        runtime_config(load_config(None, []), "ray", TWO_CORES)
+        plan_run(load_config(None, []), "ray", TWO_CORES)
     with pytest.raises(ConfigError, match="runtime.type=ray, and this is the sync runtime's entry point"):
-        runtime_config(load_config(None, ["--runtime.type=ray"]), "sync", TWO_CORES)
+        plan_run(load_config(None, ["--runtime.type=ray"]), "sync", TWO_CORES)
 
 
 def test_an_impossible_transport_is_refused_in_one_line(capsys):

@@ -82,26 +82,26 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             return report(err, debug)
         return 0
-    if cfg.runtime.type == "auto":  # which runtime runs decides the rest (the hardware: imports torch)
-        from tba.plan import resolve_runtime
+    from tba.plan import plan_run  # which runtime runs decides the rest (the hardware: imports torch)
+    from tba.runtime.run_dir import absolute_paths
 
-        try:
-            cfg = resolve_runtime(cfg)
-        except ConfigError as err:
-            return report(err, debug)
-    if entry_point and cfg.runtime.type == "ray":
+    try:
+        cfg, plan = plan_run(absolute_paths(cfg))
+    except ConfigError as err:
+        return report(err, debug)
+    if entry_point and plan.runtime == "ray":
         try:
             allocator.reexec_under_jemalloc(argv)  # returns only where it does not apply
         except ValueError as err:
             return report(UserError(str(err)), debug)
-    if cfg.runtime.type == "ray":  # imports torch and ray: only once the config is valid
-        from tba.runtime.async_loop import run_ray as run
+    if plan.runtime == "ray":  # imports torch and ray: only once the config is valid
+        from tba.runtime.async_loop import train_ray as train
     else:
-        from tba.runtime.sync_loop import run_sync as run
+        from tba.runtime.sync_loop import train_sync as train
 
     old_sigterm = interrupt_on_sigterm()  # the ray runtime sets it again after ray.init
     try:
-        run_or_clean_up(run, cfg)
+        run_or_clean_up(train, cfg, plan)
     except UserError as err:
         return report(err, debug)
     except RunFailed as err:
@@ -120,15 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_or_clean_up(run, cfg) -> None:
-    """``run(cfg)``; if it raises, remove the run directory that this start created, unless training
+def run_or_clean_up(train, cfg, plan) -> None:
+    """``train(cfg, plan)``; if it raises, remove the run directory that this start created, unless training
     wrote something there (the evaluation of the starting weights is not training), so that a
     failed start does not block reusing the run's name."""
     from tba.runtime.run_dir import created_run_dirs, remove_unstarted  # torch: only once a run starts
 
     created_run_dirs.clear()
     try:
-        run(cfg)
+        train(cfg, plan)
     except BaseException:
         for run_dir in created_run_dirs:
             remove_unstarted(run_dir, step_zero=True)

@@ -94,7 +94,7 @@ class RuntimeConfig(Section):
     searchers on its machine map: GPU memory by CUDA IPC handles when they share the trainer's GPU,
     shared host memory on a CPU; one trainer rank, no cluster), ``auto``: the object store."""
     _chosen: str | None = PrivateAttr(None)
-    """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.resolve_runtime`)."""
+    """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.plan_run`)."""
 
     max_ahead: int | None = Field(None, ge=1)
     """``ray`` runtime: searchers pause while the groups that have arrived and the trainer has not yet

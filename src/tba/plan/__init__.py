@@ -8,8 +8,7 @@ from tba.plan.core import (
     Plan,
     builtin_setting,
     make_plan,
-    resolve_runtime,
-    runtime_config,
+    plan_run,
 )
 from tba.plan.placement import actor_gpu_shares, driver_holds_gpu
 
@@ -21,6 +20,5 @@ __all__ = [
     "builtin_setting",
     "driver_holds_gpu",
     "make_plan",
-    "resolve_runtime",
-    "runtime_config",
+    "plan_run",
 ]

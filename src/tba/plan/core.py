@@ -43,7 +43,7 @@ from tba.plan.placement import (
 )
 from tba.weights.transports import transport, weight_transport
 
-__all__ = ["Hardware", "Plan", "make_plan", "resolve_runtime"]
+__all__ = ["Hardware", "Plan", "make_plan", "plan_run"]
 
 PLAN_FILE = "plan.json"
 
@@ -275,13 +275,13 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
     )
 
 
-def resolve_runtime(cfg: Config, hardware: Hardware | None = None) -> Config:
-    """``cfg`` with ``runtime.type: auto`` decided for ``hardware`` (default: this machine's) and the
-    settings that follow the runtime (the TB band's ``auto``) validated again; ``cfg`` itself when
-    the type is set. The reason is kept for the plan's ``why``."""
+def _resolve_runtime(cfg: Config, hardware: Hardware) -> Config:
+    """``cfg`` with ``runtime.type: auto`` decided for ``hardware`` and the settings that follow the
+    runtime (the TB band's ``auto``) validated again; ``cfg`` itself when the type is set. The reason
+    is kept for the plan's ``why``."""
     if cfg.runtime.type != "auto":
         return cfg
-    kind, reason = choose_runtime(cfg, hardware or Hardware.detect())
+    kind, reason = choose_runtime(cfg, hardware)
     try:
         resolved = with_values(cfg, {"runtime.type": kind})
     except ConfigError as err:  # a rule of the chosen runtime: say what auto chose
@@ -290,13 +290,14 @@ def resolve_runtime(cfg: Config, hardware: Hardware | None = None) -> Config:
     return resolved
 
 
-def runtime_config(cfg: Config, runtime: str, hardware: Hardware | None = None) -> Config:
-    """``cfg`` for a run of ``runtime`` (``sync`` or ``ray``: the entry point that was called),
-    ``auto`` resolved here (:func:`resolve_runtime`), so that the objective, the buffer and the
-    trainer read the runtime that runs; a config that names, or resolves to, the other runtime is
-    refused."""
-    resolved = resolve_runtime(cfg, hardware)
-    if resolved.runtime.type != runtime:
+def plan_run(cfg: Config, runtime: str | None = None, hardware: Hardware | None = None) -> tuple[Config, Plan]:
+    """The config a run trains with and its plan: ``runtime.type: auto`` decided (by
+    :func:`make_plan`'s rule, the one place it is), so that the objective, the buffer and the
+    trainer read the runtime that runs. Given ``runtime`` (``sync`` or ``ray``: the entry point that
+    was called), a config that names, or resolves to, the other runtime is refused."""
+    hw = hardware or Hardware.detect()
+    resolved = _resolve_runtime(cfg, hw)
+    if runtime is not None and resolved.runtime.type != runtime:
         how = (
             f"runtime.type=auto chose {resolved.runtime.type} ({resolved.runtime._chosen})"
             if cfg.runtime.type == "auto"
@@ -305,16 +306,16 @@ def runtime_config(cfg: Config, runtime: str, hardware: Hardware | None = None) 
         raise ConfigError(
             f"{how}, and this is the {runtime} runtime's entry point; set runtime.type={runtime} or run the other"
         )
-    return resolved
+    return resolved, make_plan(resolved, hw)
 
 
 def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     """The plan of ``cfg`` on ``hardware`` (default: this machine's). Loads nothing; raises
-    :class:`ConfigError` for a device the machine does not have. A run resolves ``runtime.type``
-    first (:func:`resolve_runtime`), as every part reads the runtime from the config; given ``auto``,
-    the plan resolves it here."""
+    :class:`ConfigError` for a device the machine does not have. ``runtime.type: auto`` is decided
+    here; a run trains with the config that decision gives (:func:`plan_run`), as every part reads
+    the runtime from the config."""
     hw = hardware or Hardware.detect()
-    cfg = resolve_runtime(cfg, hw)
+    cfg = _resolve_runtime(cfg, hw)
     device = resolve_device_name(cfg.run.device, hw)
     o, r, g = cfg.objective, cfg.runtime, cfg.generation
     why: dict[str, str] = {}

@@ -36,7 +36,7 @@ from tba.console import RunDisplay
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
-from tba.plan import Plan, actor_gpu_shares, make_plan, runtime_config
+from tba.plan import Plan, actor_gpu_shares, plan_run
 from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
@@ -52,14 +52,19 @@ from tba.weights.ray.channel import Channel, RankSender, channel_sender, open_ch
 
 
 def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
-    cfg = runtime_config(cfg, "ray")
+    """Train ``cfg`` in the ray runtime (``runtime.type`` ``ray``, or ``auto`` deciding so)."""
+    return train_ray(*plan_run(absolute_paths(cfg), "ray"), console)
+
+
+def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
+    """Train with ``cfg`` and its ``plan`` (:func:`tba.plan.plan_run`) in the ray runtime."""
     console = console or Console(stderr=True)
     start = time.time()
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
     log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
     startup = StartUp(start)  # where the time before the first step goes (summary.json, startup_s)
     # builds the demo model on every core, before the split
-    cfg, run_dir, prepared, plan = open_run(cfg, chatter, make_plan(absolute_paths(cfg)))
+    cfg, run_dir, prepared, plan = open_run(cfg, chatter, plan)
     startup.mark("checks and run directory")
     torch.set_num_threads(plan.trainer_threads)
     if cfg.generation.backend == "vllm" and not cfg.eval.async_:

@@ -22,7 +22,7 @@ from tba.config import Config
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
-from tba.plan import Plan, make_plan, runtime_config
+from tba.plan import Plan, plan_run
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
 from tba.runtime.health import FallWatch, remedy
@@ -31,8 +31,12 @@ from tba.runtime.run_dir import absolute_paths, open_run, resume, save
 
 
 def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
-    cfg = runtime_config(cfg, "sync")
-    plan = make_plan(absolute_paths(cfg))
+    """Train ``cfg`` in the sync runtime (``runtime.type`` ``sync``, or ``auto`` deciding so)."""
+    return train_sync(*plan_run(absolute_paths(cfg), "sync"), console)
+
+
+def train_sync(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
+    """Train with ``cfg`` and its ``plan`` (:func:`tba.plan.plan_run`) in the sync runtime."""
     if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
         with ray_session(cfg, plan):
             return _run(cfg, plan, console)
