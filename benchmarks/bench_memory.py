@@ -53,7 +53,7 @@ import torch
 import transformers
 from harness import describe_machine, print_machine
 from harness.measure import fresh_row, timed_steps
-from tests.direct_logprobs import full_logits_token_logprobs  # the direct log-probs live with the tests
+from tests.helpers.direct_logprobs import full_logits_token_logprobs  # the direct log-probs live with the tests
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import tba.models.packing

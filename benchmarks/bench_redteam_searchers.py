@@ -16,7 +16,7 @@ comparison, give one ``--steps`` value per searcher count, chosen so that the ru
 same time (a first equal-steps run shows each N's seconds per step). Anything after ``--`` is passed
 to every run as overrides (``-- --runtime.searcher_gpus=0.25 --eval.every=250``).
 
-CPU smoke version with tiny random local models (tests/tiny_redteam.py; nothing is downloaded; the
+CPU smoke version with tiny random local models (tests/helpers/tiny_redteam.py; nothing is downloaded; the
 numbers mean nothing, it only shows the pipeline runs)::
 
     .venv/bin/python benchmarks/bench_redteam_searchers.py --smoke --searchers 1 2
@@ -39,7 +39,7 @@ METRICS = ("eval/attack_success_rate", "eval/diversity", "eval/toxicity_mean")
 
 def smoke_overrides(out: Path) -> list[str]:
     """The recipe on tiny local models at CPU sizes."""
-    from tests.tiny_redteam import build_redteam_models
+    from tests.helpers.tiny_redteam import build_redteam_models
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # saving five tiny models would print ten bars

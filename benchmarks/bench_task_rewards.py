@@ -53,8 +53,8 @@ PARTS = ("generate", "reward model", "victim", "classifier", "reward, other", "r
 
 def task_overrides(task: str, shape: str, root: Path) -> tuple[Path | None, list[str]]:
     """(config file, overrides) for a task's recipe on local models."""
-    from tests.tiny_bpe import build_bpe_chat_model, build_reward_model
-    from tests.tiny_redteam import build_classifier, build_gpt2
+    from tests.helpers.tiny_bpe import build_bpe_chat_model, build_reward_model
+    from tests.helpers.tiny_redteam import build_classifier, build_gpt2
 
     paper = shape == "paper"
     if task == "arithmetic":

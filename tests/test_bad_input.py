@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.tiny_bpe import build_bpe_chat_model, build_bpe_tokenizer, build_reward_model
+from tests.helpers.tiny_bpe import build_bpe_chat_model, build_bpe_tokenizer, build_reward_model
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 from tba.cli import main

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close
+from tests.helpers.numerics import assert_reordered_close
 
 from tba.objectives import (
     dr_grpo_loss,

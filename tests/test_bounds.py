@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.conftest import SMALL_DEMO_ARGS
-from tests.numerics import assert_reordered_close
+from tests.helpers.numerics import assert_reordered_close
 
 from tba.config import ConfigError, load_config
 from tba.metrics import read_metrics

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.test_plots import sync_records, write_run
+from tests.helpers.runs import sync_records, write_run
 
 from tba.cli import main as tba_main
 from tba.cli import split_train_args

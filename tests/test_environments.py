@@ -4,7 +4,7 @@ and tool use as the built-in environment."""
 from __future__ import annotations
 
 import pytest
-from tests.test_tools import multiply, slow
+from tests.helpers.tools import multiply, slow
 
 from tba.environments import ToolEnvironment, check_step, load_environment
 from tba.tasks.base import Prompt
@@ -95,7 +95,7 @@ def test_a_broken_environment_is_said_clearly():
 
 
 def test_environment_text_follows_the_models_turn_end_through_the_next_generation_prompt():
-    from tests.test_tools import HERMES_TEMPLATE, LLAMA3_TEMPLATE, _tokenizer
+    from tests.helpers.templates import HERMES_TEMPLATE, LLAMA3_TEMPLATE, chat_tokenizer
 
     from tba.environments import environment_text
 
@@ -104,15 +104,15 @@ def test_environment_text_follows_the_models_turn_end_through_the_next_generatio
         {"role": "assistant", "content": _call('{"a": 123, "b": 456}')},
     ]
     answer = [{"role": "tool", "name": "multiply", "content": "56088"}]
-    hermes = environment_text(conversation, answer, _tokenizer(HERMES_TEMPLATE), "<|im_end|>", [multiply])
+    hermes = environment_text(conversation, answer, chat_tokenizer(HERMES_TEMPLATE), "<|im_end|>", [multiply])
     # the newline after the model's <|im_end|> is the template's, so it opens the environment's text
     assert hermes == "\n<|im_start|>user\n<tool_response>56088</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    llama = environment_text(conversation, answer, _tokenizer(LLAMA3_TEMPLATE), "<|eot_id|>", [multiply])
+    llama = environment_text(conversation, answer, chat_tokenizer(LLAMA3_TEMPLATE), "<|eot_id|>", [multiply])
     assert llama == (
         "<|start_header_id|>ipython<|end_header_id|>\n56088<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
     )
     with pytest.raises(ToolError, match="does not end the model's turn with '<eos>'"):
-        environment_text(conversation, answer, _tokenizer(HERMES_TEMPLATE), "<eos>", [multiply])
+        environment_text(conversation, answer, chat_tokenizer(HERMES_TEMPLATE), "<eos>", [multiply])
     rewrites = "{% for m in messages %}{{ m.role }}{{ loop.length }}:{{ m.content }}|{% endfor %}{{ tools }}"
     with pytest.raises(ToolError, match="rewrites earlier turns"):
-        environment_text(conversation, answer, _tokenizer(rewrites), "|", [multiply])
+        environment_text(conversation, answer, chat_tokenizer(rewrites), "|", [multiply])

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.direct_logprobs import full_logits_token_logprobs
-from tests.numerics import assert_reordered_close, bf16_operand_terms
-from tests.test_lean_training import random_sequences, uneven_batch
-from tests.test_pipeline import make_trainer, synthetic_groups
+from tests.helpers.direct_logprobs import full_logits_token_logprobs
+from tests.helpers.gradients import random_sequences, uneven_batch
+from tests.helpers.numerics import assert_reordered_close, bf16_operand_terms
+from tests.helpers.trainers import make_trainer, synthetic_groups
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tba.buffer import ReplayBuffer
@@ -174,7 +174,7 @@ def test_ipc_slots_carry_gpu_weights_exactly_to_a_searcher_process_on_the_same_g
     memory that a Ray actor on the same GPU maps by CUDA IPC handle and copies device to device;
     what it holds equals what was published, bit for bit, dtypes and ties kept."""
     ray = pytest.importorskip("ray")
-    from tests.test_ray_actors import random_state
+    from tests.helpers.states import random_state
 
     from tba.weights import BackgroundPublisher
     from tba.weights.ray.ipc import SharedReceiver, SharedSender, SlotBoard

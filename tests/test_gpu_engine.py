@@ -105,14 +105,14 @@ def test_the_sync_runtime_trains_with_a_sleeping_vllm_engine(tmp_path, head64_ch
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_nccl_ranks_take_the_one_rank_step(demo_cache):
     import ray
-    from tests.numerics import assert_reordered_close, batch_tokens
-    from tests.test_ranks import _trained
+    from tests.helpers.numerics import assert_reordered_close, batch_tokens
+    from tests.helpers.ranks import train_on_ranks
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
     try:
         cuda = ["--run.device=cuda", "--trainer.precision=fp32"]  # bf16 ranks round otherwise (see docs/runtimes.md)
-        one, m1 = _trained(demo_cache, 1, cuda, steps=1)
-        two, m2 = _trained(demo_cache, 2, [*cuda, "--trainer.micro_batch_prompts=1"], steps=1)
+        one, m1 = train_on_ranks(demo_cache, 1, cuda, steps=1)
+        two, m2 = train_on_ranks(demo_cache, 2, [*cuda, "--trainer.micro_batch_prompts=1"], steps=1)
         tokens = batch_tokens(one.buffer.sample(6, one.trainer.group_size))
         for key in ("train/loss", "train/grad_norm", "train/kl"):
             assert_reordered_close(m2[0][key], m1[0][key], terms=tokens)

@@ -3,25 +3,19 @@ checkpointing, and micro-batches cut by a token budget; each must leave the numb
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
-from tests.direct_logprobs import full_logits_token_logprobs
-from tests.numerics import assert_reordered_close, batch_tokens, model_terms, padded_positions
+from tests.helpers.direct_logprobs import full_logits_token_logprobs
+from tests.helpers.gradients import VOCAB, assert_grads_close, random_sequences, step_gradients, uneven_batch
+from tests.helpers.numerics import assert_reordered_close, batch_tokens, model_terms, padded_positions
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tba.buffer import ReplayBuffer
-from tba.config import ConfigError, ObjectiveConfig, TrainerConfig
+from tba.config import ConfigError
 from tba.models import logprobs
 from tba.models.logprobs import accepts_logits_to_keep, plan_micro_batches, token_logprobs
 from tba.models.lora import ReferenceView, add_adapter
 from tba.runtime.policy import enable_gradient_checkpointing
-from tba.trainer import Trainer
-from tba.types import Batch, Rollout
-from tba.weights import LocalWeightStore
 
-VOCAB = 32_000  # a real vocabulary size (Llama 2's), on a model a few MB large
 BIG_VOCAB = Qwen2Config(
     vocab_size=VOCAB,
     hidden_size=16,
@@ -33,7 +27,7 @@ BIG_VOCAB = Qwen2Config(
 )
 # The chunked, lean and full paths change the order of the softmax's normaliser and of the head's
 # backward pass (logit gradients times the head's weight), both over the vocabulary, and of the
-# rest of the model's sums (tests/numerics.py: model_terms), on batches of at most 12 x 32 positions.
+# rest of the model's sums (tests/helpers/numerics.py: model_terms), on batches of at most 12 x 32 positions.
 HEAD_TERMS = model_terms(BIG_VOCAB, tokens=12 * 32)
 
 
@@ -43,14 +37,6 @@ def big_vocab_model():
     return Qwen2ForCausalLM(BIG_VOCAB).train()
 
 
-def random_sequences(n: int, seed: int = 1, vocab: int = VOCAB) -> tuple[list[list[int]], list[list[int]]]:
-    """Prompts of 2-12 tokens and completions of 1-20, ids across the whole vocabulary."""
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 12))] for _ in range(n)]
-    completions = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 20))] for _ in range(n)]
-    return prompts, completions
-
-
 def logps_and_grads(model, fn, prompts, completions, **kw):
     model.zero_grad(set_to_none=True)
     logp, mask = fn(model, prompts, completions, 0, {1}, **kw)
@@ -58,12 +44,6 @@ def logps_and_grads(model, fn, prompts, completions, **kw):
     (logp * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     return logp.detach(), mask, grads
-
-
-def assert_grads_close(a: dict, b: dict, terms: int) -> None:
-    """Each parameter's gradient equal up to reordering sums of ``terms`` fp32 terms, relative to
-    that gradient's largest entry."""
-    assert_reordered_close(a, b, terms=terms)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -234,43 +214,6 @@ def test_plan_fills_micro_batches_up_to_the_token_budget_with_whole_groups():
     assert plan_micro_batches([(50, 1), (1, 50)], 1, max_tokens=200) == [[0, 1]]  # 2 rows x (50 + 50)
     every = plan_micro_batches(sizes, k, max_tokens=1)  # every group over budget: each alone
     assert sorted(g for mb in every for g in mb) == [0, 1, 2, 3, 4] and all(len(mb) == 1 for mb in every)
-
-
-def uneven_batch(tokenizer, n_groups: int = 6, k: int = 4, seed: int = 0) -> Batch:
-    """Groups of very different lengths: prompts of 2-20 tokens, completions of 1-40."""
-    rng = random.Random(seed)
-    prompt_ids, rollouts = [], []
-    for g in range(n_groups):
-        prompt_ids.append([1] + [rng.randrange(3, 14) for _ in range(rng.choice([1, 4, 19]))])
-        longest = rng.choice([1, 8, 40])
-        for j in range(k):
-            completion = tuple(rng.randrange(3, 14) for _ in range(rng.randint(max(1, longest // 3), longest)))
-            rollouts.append(Rollout(f"p{g}", completion, float(rng.random() < 0.5), -5.0 - j, 0, 0))
-    return Batch(prompt_ids, rollouts, k)
-
-
-def step_gradients(tiny_model, tokenizer, batch: Batch, objective: str, **trainer_cfg):
-    """The gradients the optimizer sees in one trainer step, and the step's metrics."""
-    model = type(tiny_model)(tiny_model.config)
-    model.load_state_dict(tiny_model.state_dict())
-    model.train()
-    cfg = TrainerConfig(batch_prompts=batch.num_groups, lr=1e-3, warmup_steps=0, grad_clip=None, **trainer_cfg)
-    trainer = Trainer(
-        model,
-        ReplayBuffer(),
-        LocalWeightStore(),
-        cfg,
-        ObjectiveConfig(type=objective, beta=0.5, tb_trust_region=None),  # the band has its own tests
-        batch.group_size,
-        tokenizer.pad_token_id,
-        {tokenizer.eos_token_id},
-    )
-    seen = []
-    trainer.optimizer.register_step_pre_hook(
-        lambda opt, args, kwargs: seen.append({n: p.grad.clone() for n, p in model.named_parameters()})
-    )
-    metrics = trainer.step(batch)
-    return seen[0], metrics
 
 
 @pytest.mark.parametrize("objective", ["tb", "rloo", "online_dpo"])

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from tests.conftest import SMALL_DEMO_ARGS, components, stored_rollouts
-from tests.numerics import assert_reordered_close, model_terms, padded_positions
+from tests.helpers.numerics import assert_reordered_close, model_terms, padded_positions
 
 from tba.checkpoint import latest_checkpoint, save_checkpoint
 from tba.config import ConfigError, load_config

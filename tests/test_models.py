@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, model_terms, padded_positions
+from tests.helpers.numerics import assert_reordered_close, model_terms, padded_positions
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tba.generation.base import SamplingParams

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, reorder_tolerance, reordered_error, unit_roundoff
+from tests.helpers.numerics import assert_reordered_close, reorder_tolerance, reordered_error, unit_roundoff
 
 N = 100_000  # terms per sum
 SUMS = 64  # independent sums, so that the test sees the tail of the error, not one draw

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close
+from tests.helpers.numerics import assert_reordered_close
 
 from tba.objectives import tb_loss
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, batch_tokens, model_terms
+from tests.helpers.numerics import assert_reordered_close, batch_tokens, model_terms
 
 from tba.models.logprobs import token_logprobs
 from tba.models.packing import Passes, packed_token_logprobs, packing_problem, plan_rows, worth_packing
@@ -113,7 +113,7 @@ def test_the_probe_catches_a_model_whose_packed_sequences_see_each_other(tiny_mo
 
 
 def test_a_trainer_whose_model_cannot_pack_pads_with_one_warning(tiny_model, tokenizer):
-    from tests.test_lean_training import uneven_batch
+    from tests.helpers.gradients import uneven_batch
 
     from tba.buffer import ReplayBuffer
     from tba.config import ObjectiveConfig, TrainerConfig
@@ -141,7 +141,7 @@ def test_a_trainer_whose_model_cannot_pack_pads_with_one_warning(tiny_model, tok
 
 @pytest.mark.parametrize("objective", ["tb", "rloo"])
 def test_a_packed_trainer_step_equals_the_padded_step(tiny_model, tokenizer, objective):
-    from tests.test_lean_training import assert_grads_close, step_gradients, uneven_batch
+    from tests.helpers.gradients import assert_grads_close, step_gradients, uneven_batch
 
     batch = uneven_batch(tokenizer)
     padded, m_pad = step_gradients(tiny_model, tokenizer, batch, objective, packing=False)
@@ -161,7 +161,7 @@ def test_a_packed_trainer_step_equals_the_padded_step(tiny_model, tokenizer, obj
 
 
 def test_packed_micro_batches_hold_more_groups_in_the_same_budget(tiny_model, tokenizer):
-    from tests.test_lean_training import assert_grads_close, step_gradients, uneven_batch
+    from tests.helpers.gradients import assert_grads_close, step_gradients, uneven_batch
 
     from tba.config import TrainerConfig
     from tba.models.packing import pass_cost
@@ -268,7 +268,7 @@ def test_lora_packs_and_an_adapter_on_the_head_pads(tiny_model, tokenizer):
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
 def test_packed_equals_padded_under_bf16_autocast_and_checkpointing(tiny_model, tokenizer, checkpointing):
-    from tests.numerics import bf16_operand_terms
+    from tests.helpers.numerics import bf16_operand_terms
 
     from tba.runtime.policy import enable_gradient_checkpointing
 

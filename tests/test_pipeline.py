@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 from tests.conftest import assert_reports_declared
-from tests.numerics import assert_reordered_close, model_terms, padded_positions
+from tests.helpers.numerics import assert_reordered_close, model_terms, padded_positions
+from tests.helpers.trainers import make_trainer, synthetic_groups
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
@@ -143,41 +144,6 @@ def test_searcher_counts_and_skips_bad_rewards(tiny_model, tokenizer):
     dropped = m["searcher/reward_errors"] + m["searcher/empty_completions"]
     lost_in_small_groups = m["searcher/completions"] - kept - dropped
     assert 0 <= lost_in_small_groups <= m["searcher/dropped_groups"]  # a dropped group held at most one
-
-
-def make_trainer(model, tokenizer, buffer, weights, beta=0.5, **overrides):
-    cfg = TrainerConfig(**{"batch_prompts": 4, "lr": 1e-3, "warmup_steps": 0, "sync_interval": 2, **overrides})
-    return Trainer(
-        model,
-        buffer,
-        weights,
-        cfg,
-        ObjectiveConfig(beta=beta, tb_trust_region=None),  # synthetic groups carry no sampler log-probs
-        4,
-        tokenizer.pad_token_id,
-        {tokenizer.eos_token_id},
-    )
-
-
-def synthetic_groups(tokenizer, n_prompts=6, k=4, version=0, seed=0):
-    rng = random.Random(seed)
-    eos = tokenizer.eos_token_id
-    groups = []
-    for i in range(n_prompts):
-        prompt = tokenizer(f"{i}+{i}=")["input_ids"]
-        comps = [tokenizer(str(rng.randint(0, 99)), add_special_tokens=False)["input_ids"] + [eos] for _ in range(k)]
-        comps = [c + [j] for j, c in enumerate(comps)] if len({tuple(c) for c in comps}) < k else comps
-        groups.append(
-            RolloutGroup(
-                prompt_id=f"p{i}",
-                prompt_ids=prompt,
-                completions=comps,
-                rewards=[float(rng.random() < 0.5) for _ in range(k)],
-                ref_logps=[-5.0 - j for j in range(k)],
-                policy_version=version,
-            )
-        )
-    return groups
 
 
 def test_trainer_skip_advances_version_schedule_and_publications_without_an_update(tiny_model, tokenizer):

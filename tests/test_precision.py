@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 from tests.conftest import components
-from tests.numerics import assert_reordered_close, bf16_operand_terms
-from tests.test_pipeline import make_trainer, synthetic_groups
+from tests.helpers.numerics import assert_reordered_close, bf16_operand_terms
+from tests.helpers.trainers import make_trainer, synthetic_groups
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tba.buffer import ReplayBuffer

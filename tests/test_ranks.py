@@ -17,9 +17,10 @@ import ray
 import torch
 from safetensors.torch import load_file
 from tests.conftest import SMALL_DEMO_ARGS
-from tests.numerics import adam_first_step_tolerance, assert_reordered_close, batch_tokens
-from tests.test_pipeline import synthetic_groups
-from tests.test_ray_survival import session_processes
+from tests.helpers.numerics import adam_first_step_tolerance, assert_reordered_close, batch_tokens
+from tests.helpers.processes import session_processes
+from tests.helpers.ranks import train_on_ranks
+from tests.helpers.trainers import synthetic_groups
 
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import latest_checkpoint, read_trainer_state
@@ -69,7 +70,7 @@ def test_every_rank_runs_as_many_passes_as_the_rank_with_the_most():
 
 
 def test_an_empty_pass_adds_nothing_to_the_gradients(tiny_model, tokenizer):
-    from tests.test_pipeline import make_trainer
+    from tests.helpers.trainers import make_trainer
 
     trainer = make_trainer(tiny_model, tokenizer, ReplayBuffer(capacity=100, seed=0), LocalWeightStore())
     trainer.ingest(synthetic_groups(tokenizer, n_prompts=4, k=4))
@@ -135,34 +136,6 @@ def ray_cpus(demo_cache):
     ray.shutdown()
 
 
-def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
-    from tests.conftest import components
-
-    from tba.runtime.policy import seed_everything
-
-    cfg = load_config(
-        None,
-        [
-            *SMALL_DEMO_ARGS,
-            "--run.device=cpu",
-            f"--model.cache_dir={cache}",
-            "--trainer.batch_prompts=6",
-            "--trainer.warmup_steps=0",
-            "--trainer.lr=1e-3",
-            "--runtime.rank_cpus=0.5",
-            f"--trainer.num_ranks={ranks}",
-            "--objective.tb_trust_region=null",  # synthetic groups carry no sampler log-probs
-            *extra,
-        ],
-    )
-    seed_everything(cfg.run.seed)  # as a run does: the same LoRA initialisation for 1 and 2 ranks
-    c = components(cfg, log=lambda m: None, with_searcher=False)
-    c.trainer.ingest(synthetic_groups(c.tokenizer, n_prompts=6, k=cfg.generation.group_size))
-    batch = c.buffer.sample(6, cfg.generation.group_size)
-    metrics = [c.trainer.step(batch) for _ in range(steps)]
-    return c, metrics
-
-
 @pytest.mark.parametrize(
     "extra",
     [
@@ -180,8 +153,8 @@ def _trained(cache, ranks: int, extra: list[str], steps: int = 2):
 def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
     """One step from the same weights: the ranks add the groups' gradients in another order, so
     every number is the 1-rank trainer's up to reordering the batch's token sums (``tokens``)."""
-    one, m1 = _trained(ray_cpus, 1, extra, steps=1)
-    two, m2 = _trained(ray_cpus, 2, extra, steps=1)
+    one, m1 = train_on_ranks(ray_cpus, 1, extra, steps=1)
+    two, m2 = train_on_ranks(ray_cpus, 2, extra, steps=1)
     try:
         batch = one.buffer.sample(6, one.trainer.group_size)
         tokens = batch_tokens(batch)
@@ -202,7 +175,7 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
             squares = s2["optimizer"]["state"][n]["exp_avg_sq"]
             assert_reordered_close(squares, moments[n]["exp_avg_sq"], terms=4 * tokens)
         # what searchers load: the same keys, the same weights up to what Adam's normalisation makes
-        # of the gradients' rounding (tests/numerics.py: adam_first_step_tolerance)
+        # of the gradients' rounding (tests/helpers/numerics.py: adam_first_step_tolerance)
         p1, p2 = one.trainer.published_state(), two.trainer.published_state()
         assert p1.keys() == p2.keys() and len(p1) > 0
         lr = m1[0]["train/lr"]
@@ -228,8 +201,8 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
 
 
 def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
-    a, _ = _trained(ray_cpus, 2, [], steps=1)
-    b, _ = _trained(ray_cpus, 2, ["--run.seed=7"], steps=0)  # other initial weights, no step yet
+    a, _ = train_on_ranks(ray_cpus, 2, [], steps=1)
+    b, _ = train_on_ranks(ray_cpus, 2, ["--run.seed=7"], steps=0)  # other initial weights, no step yet
     try:
         # before any step there is no optimizer state, and loading none makes none up (torch's
         # get/set_optimizer_state_dict would take a step of lr 0, so the first real one counts twice)
@@ -267,8 +240,8 @@ def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
 def test_a_one_rank_checkpoint_is_not_resumed_by_two(ray_cpus):
     from tba.checkpoint import CheckpointError
 
-    one, _ = _trained(ray_cpus, 1, [], steps=1)
-    two, _ = _trained(ray_cpus, 2, [], steps=0)
+    one, _ = train_on_ranks(ray_cpus, 1, [], steps=1)
+    two, _ = train_on_ranks(ray_cpus, 2, [], steps=0)
     try:
         with pytest.raises(CheckpointError, match="--trainer.num_ranks=1"):
             two.trainer.load_state_dict(one.trainer.state_dict())

@@ -21,6 +21,7 @@ from multiprocessing import shared_memory
 import pytest
 import ray
 import torch
+from tests.helpers.states import random_state
 
 from tba.runtime.actors import Inbox
 from tba.searcher.counters import declared
@@ -33,18 +34,6 @@ from tba.weights.ray.fallback import FallbackReceiver, FallbackSender
 from tba.weights.ray.ipc import SharedReceiver, SharedSender, SlotBoard
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
-
-
-def random_state(seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    emb = torch.randn(50, 24, generator=g)
-    return {
-        "embed.weight": emb,
-        "layer.weight": torch.randn(24, 24, generator=g).to(torch.bfloat16),
-        "layer.bias": torch.randn(7, generator=g).to(torch.float16),  # an odd size: padded to the alignment
-        "count": torch.tensor([seed], dtype=torch.int64),
-        "lm_head.weight": emb,  # tied to the embedding
-    }
 
 
 def grown_state(seed: int) -> dict[str, torch.Tensor]:

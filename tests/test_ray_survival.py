@@ -13,29 +13,13 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import SMALL_DEMO_ARGS
+from tests.helpers.processes import session_processes
 
 from tba.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
-
-
-def session_processes(sid: int) -> dict[int, str]:
-    """pid → command line of the live processes of session ``sid`` (a run started with start_new_session)."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            out[int(name)] = cmd
-    return out
 
 
 def start_run(tmp_path: Path, cache: Path, name: str, *args: str) -> subprocess.Popen:

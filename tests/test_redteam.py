@@ -1,4 +1,4 @@
-"""The redteam task on tiny random models (tests/tiny_redteam.py): the reward against a direct
+"""The redteam task on tiny random models (tests/helpers/tiny_redteam.py): the reward against a direct
 computation, one victim generate call and one classifier pass per reward batch, the aggregations,
 label resolution, the diversity metric against hand-computed values, the minimum attack length end
 to end, the recipe's config, and training in both runtimes with the task's own evaluation."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 from tests.conftest import components
-from tests.numerics import assert_reordered_close, model_terms
-from tests.tiny_redteam import build_redteam_models
+from tests.helpers.numerics import assert_reordered_close, model_terms
+from tests.helpers.tiny_redteam import build_redteam_models
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tba.config import ConfigError, load_config

@@ -1,5 +1,5 @@
 """Continuous generation (``tba.generation.stream``): the HF stream here; the vLLM stream's checks
-run in their own process (``tests/vllm_checks.py --stream``, from ``tests/test_vllm.py``)."""
+run in their own process (``tests/helpers/vllm_checks.py --stream``, from ``tests/test_vllm.py``)."""
 
 from __future__ import annotations
 
@@ -318,7 +318,7 @@ def test_streaming_searcher_gives_up_a_hanging_reward_and_goes_on(tiny_model, to
 
 
 def test_streaming_searcher_reference_thread_computes_the_same_log_probs(tiny_model, tokenizer):
-    from tests.numerics import assert_reordered_close, model_terms
+    from tests.helpers.numerics import assert_reordered_close, model_terms
 
     from tba.models.packing import Passes
     from tba.weights import LocalWeightStore

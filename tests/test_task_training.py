@@ -8,8 +8,8 @@ import json
 
 import pandas as pd
 import pytest
-from tests.test_tasks import GSM8K_ROWS
-from tests.tiny_bpe import build_bpe_chat_model
+from tests.helpers.datasets import GSM8K_ROWS
+from tests.helpers.tiny_bpe import build_bpe_chat_model
 
 from tba.config import load_config
 from tba.metrics import read_metrics

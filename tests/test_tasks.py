@@ -8,7 +8,8 @@ import random
 
 import pandas as pd
 import pytest
-from tests.tiny_bpe import IM_END, build_bpe_tokenizer
+from tests.helpers.datasets import GSM8K_ROWS
+from tests.helpers.tiny_bpe import IM_END, build_bpe_tokenizer
 
 from tba.config import DatasetTaskConfig, GSM8KTaskConfig
 from tba.models.loading import encode_prompts, eos_ids
@@ -183,20 +184,6 @@ def test_missing_file_and_column_say_what_to_do(tmp_path, reward_file):
         build_task(dataset_cfg(write(tmp_path, "jsonl"), reward_file, prompt_column="question"))
     with pytest.raises(DatasetLoadError, match="eval_size"):
         build_task(DatasetTaskConfig(path=str(write(tmp_path, "csv")), reward_funcs=[f"{reward_file}:exact"]))
-
-
-GSM8K_ROWS = [
-    {
-        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-        "How many clips did Natalia sell altogether in April and May?",
-        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
-        "altogether in April and May.\n#### 72",
-    },
-    {
-        "question": "A shop sells 1,250 pens a day. How many in 2 days?",
-        "answer": "1,250 * 2 = <<1250*2=2500>>2,500\n#### 2,500",
-    },
-]
 
 
 def test_gsm8k_from_a_local_folder_in_the_hub_schema(tmp_path):

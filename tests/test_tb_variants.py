@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from tests.numerics import adam_first_step_tolerance, assert_reordered_close
-from tests.test_tis import batch_and_trainer, reorder_terms
+from tests.helpers.numerics import adam_first_step_tolerance, assert_reordered_close
+from tests.helpers.trainers import batch_and_trainer, reorder_terms
 
 from tba.config import ConfigError, ObjectiveConfig, load_config
 from tba.objectives import huber_square, m2_keep, normalised_ess, tb_loss, tb_trust_region_keep
@@ -152,7 +152,7 @@ def _step(tokenizer, objective: ObjectiveConfig, shift: float, lr: float = 1e-3)
 
 def assert_same_adam_step(variant, plain, trainer, start, lr: float = 1e-3) -> None:
     """Two first AdamW steps whose gradients differ only by rounding: equal up to what Adam's
-    normalisation makes of it (tests/numerics.py: adam_first_step_tolerance)."""
+    normalisation makes of it (tests/helpers/numerics.py: adam_first_step_tolerance)."""
     grad, weight = start
     bound = adam_first_step_tolerance(grad, weight, lr, reorder_terms(trainer))
     assert ((variant.double() - plain.double()).abs() <= bound).all()

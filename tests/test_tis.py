@@ -7,16 +7,14 @@ import math
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, model_terms
+from tests.helpers.numerics import assert_reordered_close
+from tests.helpers.trainers import batch_and_trainer, reorder_terms
 
-from tba.buffer import ReplayBuffer
-from tba.config import ConfigError, ObjectiveConfig, TrainerConfig, load_config
-from tba.models.logprobs import token_logprobs
+from tba.config import ConfigError, ObjectiveConfig, load_config
 from tba.objectives import grpo_loss, rloo_loss, sampler_mismatch, sequence_is_weights, truncated_is_weights
-from tba.plan.auto import grad_clip, needs_sampler_logps, tb_trust_region
+from tba.plan.auto import needs_sampler_logps
 from tba.trainer import Trainer
-from tba.types import Batch, Rollout
-from tba.weights import LocalWeightStore
+from tba.types import Batch
 
 T = torch.tensor
 
@@ -92,59 +90,6 @@ def test_tis_cap_is_for_ratio_objectives_and_turns_on_sampler_logps_for_rloo():
         load_config(None, ["--objective.type=grpo", "--objective.tis_cap=0.5"])
     assert needs_sampler_logps(ObjectiveConfig(type="rloo", tis_cap=2.0), None)
     assert not needs_sampler_logps(ObjectiveConfig(type="rloo"), None)
-
-
-def batch_and_trainer(tokenizer, objective: ObjectiveConfig, shift: float):
-    """A trainer on a tiny model and a batch of 2 groups x 4 whose sampler log-probs are the
-    trainer's own (exact, teacher forcing) plus ``shift`` per token."""
-    from tests.conftest import SMALL
-
-    from tba.models.tiny import build_tiny_llama
-
-    torch.manual_seed(0)
-    policy = build_tiny_llama(tokenizer, SMALL).train()
-    eos = tokenizer.eos_token_id
-    prompts = [tokenizer("1+2=")["input_ids"], tokenizer("4+4=")["input_ids"]]
-    completions = [[tokenizer.convert_tokens_to_ids(c) for c in s] + [eos] for s in ("3", "12", "8", "7", "5", "44")]
-    completions = [completions[i % 6] for i in range(8)]
-    flat_prompts = [prompts[i // 4] for i in range(8)]
-    with torch.no_grad():
-        token_logp, mask = token_logprobs(policy, flat_prompts, completions, tokenizer.pad_token_id, {eos})
-    rollouts = [
-        Rollout(
-            prompt_id=str(i // 4),
-            completion=tuple(c),
-            reward=float(i % 3 == 0),
-            ref_logp=-3.0,
-            policy_version=0,
-            arrival_step=0,
-            sampler_token_logps=tuple((token_logp[i, : len(c)] + shift).tolist()),
-        )
-        for i, c in enumerate(completions)
-    ]
-    batch = Batch(prompts, rollouts, 4)
-    cfg = TrainerConfig(batch_prompts=2, lr=1e-3, warmup_steps=0, sync_interval=1)
-    # the band and the clip as the ray runtime's plan resolves them (data stale by design)
-    band, clip = tb_trust_region(objective, stale=True), grad_clip(cfg, objective.type)
-    trainer = Trainer(
-        policy,
-        ReplayBuffer(capacity=100),
-        LocalWeightStore(),
-        cfg,
-        objective,
-        4,
-        0,
-        {eos},
-        4,
-        trust_region=band,
-        grad_clip=clip,
-    )
-    return trainer, batch
-
-
-def reorder_terms(trainer: Trainer) -> int:
-    """The batch_and_trainer batch: 8 rows of at most 5 + 3 positions."""
-    return model_terms(trainer.model.config, 8 * 8)
 
 
 def logp_scale(batch: Batch) -> float:

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, model_terms
-from tests.tiny_bpe import build_bpe_chat_model, build_reward_model
+from tests.helpers.numerics import assert_reordered_close, model_terms
+from tests.helpers.tiny_bpe import build_bpe_chat_model, build_reward_model
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tba.config import load_config

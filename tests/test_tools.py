@@ -5,101 +5,40 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
+from tests.helpers.templates import HERMES_TEMPLATE, LLAMA3_TEMPLATE, chat_tokenizer
+from tests.helpers.tools import divide, lookup, multiply, slow
 
 from tba.models.tiny import build_char_tokenizer
 from tba.tools import ToolCall, ToolError, load_tools, parse_tool_calls, run_tool, tool_call_format
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
-
-
-def divide(a: float, b: float) -> float:
-    """Divide a by b.
-
-    Args:
-        a: the dividend
-        b: the divisor
-    """
-    return a / b
-
-
-def lookup(key: str) -> dict:
-    """A record by its key.
-
-    Args:
-        key: which record
-    """
-    return {"key": key, "value": len(key)}
-
-
-def slow(seconds: float) -> str:
-    """Wait, then answer.
-
-    Args:
-        seconds: how long to wait
-    """
-    time.sleep(seconds)
-    return "done"
 
 
 def undocumented(a: int) -> int:
     return a
 
 
-# Two chat templates written for these tests, each rendering the tools' JSON schemas the way its
-# family does and writing calls in its family's format.
-HERMES_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nTools:\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n"
-    'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n{% endif %}'
-    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}"
-    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-LLAMA3_TEMPLATE = (
-    "{% if tools %}<|start_header_id|>user<|end_header_id|>\nAnswer with a JSON function call "
-    '{"name": function name, "parameters": arguments}.\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}'
-    "<|eot_id|>{% endif %}{% for m in messages %}{% if m.role == 'tool' %}<|start_header_id|>ipython"
-    "<|end_header_id|>\n{{ m.content }}<|eot_id|>{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n"
-    "{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n{% endif %}"
-)
 TOOLS = [multiply, divide, lookup]
 
 
-def _tokenizer(template):
-    tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = template
-    return tokenizer
-
-
 def test_tools_load_by_name_and_need_hints_and_docstrings():
-    loaded = load_tools(["tests.test_tools:multiply", divide])  # (pytest may import this file under another name)
+    loaded = load_tools(["tests.helpers.tools:multiply", divide])
     assert [fn.__name__ for fn in loaded] == ["multiply", "divide"] and loaded[0](3, 4) == 12
     with pytest.raises(ToolError, match="'undocumented' cannot be described.*docstring"):
         load_tools([undocumented])
-    with pytest.raises(ToolError, match="'tests.test_tools.multiply' is malformed; write 'pkg.module:name'"):
-        load_tools(["tests.test_tools.multiply"])
+    with pytest.raises(ToolError, match="'tests.helpers.tools.multiply' is malformed; write 'pkg.module:name'"):
+        load_tools(["tests.helpers.tools.multiply"])
     with pytest.raises(ToolError, match="task.tools 'no_such_module:f': cannot import module 'no_such_module'"):
         load_tools(["no_such_module:f"])
     with pytest.raises(ToolError, match="has no attribute 'nope'; it defines: .*multiply"):
-        load_tools(["tests.test_tools:nope"])
+        load_tools(["tests.helpers.tools:nope"])
     with pytest.raises(ToolError, match="two tools are named 'multiply'"):
         load_tools([multiply, multiply])
 
 
 @pytest.mark.parametrize("template,fmt", [(HERMES_TEMPLATE, "hermes"), (LLAMA3_TEMPLATE, "llama3")])
 def test_the_template_renders_the_tools_and_names_its_format(template, fmt):
-    tokenizer = _tokenizer(template)
+    tokenizer = chat_tokenizer(template)
     assert tool_call_format(tokenizer) == fmt
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "what is 123 * 456?"}], tools=TOOLS, tokenize=False, add_generation_prompt=True
@@ -112,10 +51,10 @@ def test_models_that_cannot_call_tools_are_refused_at_start():
     with pytest.raises(ToolError, match="no chat template"):
         tool_call_format(build_char_tokenizer())
     with pytest.raises(ToolError, match="never renders `tools`"):
-        tool_call_format(_tokenizer("{% for m in messages %}{{ m.content }}{% endfor %}"))
+        tool_call_format(chat_tokenizer("{% for m in messages %}{{ m.content }}{% endfor %}"))
     with pytest.raises(ToolError, match="not one tba reads"):
         template = "{% if tools %}{{ tools }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
-        tool_call_format(_tokenizer(template))
+        tool_call_format(chat_tokenizer(template))
 
 
 def test_hermes_calls_are_read_in_order_with_what_is_wrong_said():

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 import torch
-from tests.numerics import assert_reordered_close, model_terms
+from tests.helpers.numerics import assert_reordered_close, model_terms
 
 from tba.buffer import ReplayBuffer
 from tba.types import Batch, Rollout, RolloutGroup
@@ -31,7 +31,7 @@ def _batch(env_tokens: list[int], masked: bool = True) -> Batch:
 
 
 def test_environment_tokens_are_not_trained_on(tiny_model, tokenizer):
-    from tests.test_lean_training import step_gradients
+    from tests.helpers.gradients import step_gradients
 
     base, m_base = step_gradients(tiny_model, tokenizer, _batch(ENV), "tb")
     # another tool output, the same model tokens: nothing of the step moves (the environment's
@@ -49,7 +49,7 @@ def test_environment_tokens_are_not_trained_on(tiny_model, tokenizer):
 def test_a_trajectory_is_not_cut_at_its_first_turns_end(tiny_model, tokenizer):
     """Each turn ends with EOS (token 2 here); a plain completion is cut there, a trajectory is not:
     with every token the policy's, a later model turn changes the step."""
-    from tests.test_lean_training import step_gradients
+    from tests.helpers.gradients import step_gradients
 
     def batch(second_turn):
         rollout = Rollout("p0", (3, 4, 2, *second_turn), 1.0, -6.0, 0, 0, action_mask=(1,) * (3 + len(second_turn)))

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from tests.conftest import SMALL, assert_reports_declared
-from tests.numerics import assert_reordered_close, model_terms
+from tests.helpers.numerics import assert_reordered_close, model_terms
 
 from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, load_config
@@ -205,7 +205,7 @@ def test_searcher_groups_are_trajectories_whose_reference_counts_the_models_toke
 
 @pytest.mark.parametrize("objective", ["tb", "grpo", "dr_grpo", "ppo", "rloo", "online_dpo"])
 def test_multi_turn_groups_train(tok, objective):
-    from tests.test_lean_training import step_gradients
+    from tests.helpers.gradients import step_gradients
 
     torch.manual_seed(0)
     model = build_tiny_llama(tok, SMALL).eval()
@@ -354,8 +354,8 @@ def test_a_chatml_conversation_is_the_text_the_template_renders():
     """On a byte-level BPE tokenizer with a Qwen-like template (``<|im_end|>`` ends a turn and is not the
     tokenizer's EOS), the prompt and the trajectory decode to exactly the template's rendering of the
     whole conversation: the tokens appended between turns are the template's own separators."""
-    from tests.test_tools import HERMES_TEMPLATE
-    from tests.tiny_bpe import IM_END, build_bpe_tokenizer
+    from tests.helpers.templates import HERMES_TEMPLATE
+    from tests.helpers.tiny_bpe import IM_END, build_bpe_tokenizer
 
     tok = build_bpe_tokenizer()
     tok.chat_template = HERMES_TEMPLATE

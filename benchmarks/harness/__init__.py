@@ -18,7 +18,7 @@ run as ``python benchmarks/bench_x.py`` has ``benchmarks/`` first on its path, s
 
 This package is the one place that changes ``sys.path``: it puts the checkout's ``src`` (the
 benchmarks measure this checkout, installed or not) and the repository root (the test suite's model
-builders, ``tests/tiny_redteam.py`` and the like, which some benchmarks reuse) first.
+builders, ``tests/helpers/tiny_redteam.py`` and the like, which some benchmarks reuse) first.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``torch.set_num_threads`` a no-op and initialises ``torch.distributed``), which the rest of the test
 session must not inherit. Prints one JSON object of measurements on its last line.
 
-    python tests/vllm_checks.py MODEL_DIR
+    python tests/helpers/vllm_checks.py MODEL_DIR
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def outputs(groups) -> list[list[list]]:
 
 
 def main(path: str) -> dict:
+    from numerics import model_terms  # tests/helpers/ is this script's first path entry
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from numerics import model_terms  # tests/ is this script's first path entry
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator
     from tba.generation.vllm_backend import VLLMGenerator
@@ -59,7 +59,7 @@ def main(path: str) -> dict:
     diffs = [abs(a - tf[i, j].item()) for i, c in enumerate(flat) for j, a in enumerate(c.token_logps)]
     out["sampled_group_sizes"] = [len(g) for g in groups]
     out["sampled_logp_max_diff"] = max(diffs)
-    # what the comparison's tolerance follows from (tests/numerics.py): the size of the log-probs
+    # what the comparison's tolerance follows from (tests/helpers/numerics.py): the size of the log-probs
     # and the sums of the model's forward (vLLM's kernels add in their own order)
     out["sampled_logp_scale"] = max(abs(tf[i, j].item()) for i, c in enumerate(flat) for j in range(len(c.token_logps)))
     out["sampled_terms"] = model_terms(model.config, max(len(p) for p in prompts) + 6)
@@ -128,9 +128,9 @@ def lora(path: str) -> dict:
     """A LoRA policy as searchers run it with vLLM: the adapter the trainer publishes after
     training steps, loaded into the searcher's PEFT copy, merged into the engine's weights; then the
     same adapter run by vLLM's own LoRA (``generation.vllm.lora=adapter``) on an engine of its own."""
+    from numerics import model_terms  # tests/helpers/ is this script's first path entry
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from numerics import model_terms  # tests/ is this script's first path entry
     from tba.config import LoraConfig
     from tba.generation.base import SamplingParams
     from tba.generation.hf import HFGenerator

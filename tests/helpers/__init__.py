@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules (and some benchmarks): no tests live here."""
