@@ -131,11 +131,10 @@ class Timer:
 def bench_task(task_name: str, shape: str, batches: int, extra: list[str]) -> dict:
     import torch
 
-    from tba.config import load_config
+    from tba.config import absolute_paths, load_config
     from tba.plan import make_plan
     from tba.runtime.build import build_searcher
     from tba.runtime.preflight import check_models, prepare_task
-    from tba.runtime.run_dir import absolute_paths
     from tba.weights import LocalWeightStore
 
     torch.set_num_threads(1)

@@ -94,7 +94,7 @@ def bench_searcher(batches: int, task_name: str) -> dict:
     torch.set_num_threads(1)
     args = ["--trainer.steps=1"] if task_name == "arithmetic" else []
     cfg = load_config(ROOT / "configs/custom_task.yaml" if task_name == "dataset" else None, args)
-    from tba.runtime.run_dir import absolute_paths
+    from tba.config import absolute_paths
 
     cfg = absolute_paths(cfg)
     prepare_task(cfg, log=lambda m: None)

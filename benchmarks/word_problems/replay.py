@@ -52,11 +52,11 @@ def replay(batches_path: Path, run: Path) -> int:
     from rich.console import Console
     from safetensors.torch import load_file
 
-    from tba.config import load_config
+    from tba.config import absolute_paths, load_config
     from tba.metrics import read_metrics
     from tba.plan import make_plan
     from tba.runtime.build import build_components
-    from tba.runtime.run_dir import absolute_paths, open_run
+    from tba.runtime.run_dir import open_run
 
     with open(batches_path, "rb") as f:
         batches = pickle.load(f)

@@ -16,7 +16,7 @@ import signal
 import sys
 
 from tba import __version__, allocator
-from tba.config import ConfigError, dump_config, load_config
+from tba.config import ConfigError, absolute_paths, dump_config, load_config
 from tba.errors import Terminated, UserError, interrupt_on_sigterm, report, sigterm_received
 from tba.runtime.errors import RunFailed
 
@@ -75,25 +75,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if print_plan:  # the decisions tba train would take here, before anything loads
         from tba.plan import make_plan
-        from tba.runtime.run_dir import absolute_paths
 
         try:
             print("\n".join(make_plan(absolute_paths(cfg)).lines()))
         except ConfigError as err:
             return report(err, debug)
         return 0
+    # the ray runtime's driver runs under jemalloc: a process of its own, started before the heavy
+    # imports where the config names the runtime, else once the plan has chosen it
+    if entry_point and cfg.runtime.type == "ray" and (failed := under_jemalloc(argv, debug)) is not None:
+        return failed
     from tba.plan import plan_run  # which runtime runs decides the rest (the hardware: imports torch)
-    from tba.runtime.run_dir import absolute_paths
 
     try:
         cfg, plan = plan_run(absolute_paths(cfg))
     except ConfigError as err:
         return report(err, debug)
-    if entry_point and plan.runtime == "ray":
-        try:
-            allocator.reexec_under_jemalloc(argv)  # returns only where it does not apply
-        except ValueError as err:
-            return report(UserError(str(err)), debug)
+    if entry_point and plan.runtime == "ray" and (failed := under_jemalloc(argv, debug)) is not None:
+        return failed
     if plan.runtime == "ray":  # imports torch and ray: only once the config is valid
         from tba.runtime.async_loop import train_ray as train
     else:
@@ -118,6 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         if old_sigterm is not None:
             signal.signal(signal.SIGTERM, old_sigterm)
     return 0
+
+
+def under_jemalloc(argv: list[str], debug: bool) -> int | None:
+    """Re-execute ``tba ARGV`` under jemalloc (returns only where that does not apply: None), or the
+    exit code of a jemalloc setting that cannot be honoured."""
+    try:
+        allocator.reexec_under_jemalloc(argv)
+    except ValueError as err:
+        return report(UserError(str(err)), debug)
+    return None
 
 
 def run_or_clean_up(train, cfg, plan) -> None:

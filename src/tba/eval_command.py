@@ -174,12 +174,12 @@ def evaluate_target(target: Target) -> dict:
     """Load and evaluate one target; its results as written to ``eval.json``."""
     import torch
 
+    from tba.config import absolute_paths
     from tba.demo import BUILTIN_PREFIX
     from tba.plan import make_plan
     from tba.runtime.build import load_evaluator
     from tba.runtime.policy import seed_everything
     from tba.runtime.preflight import prepare_task, ready_plan
-    from tba.runtime.run_dir import absolute_paths
 
     cfg = absolute_paths(target.cfg)
     if cfg.run.threads:

@@ -14,7 +14,7 @@ config instantly.
 """
 
 from tba.config.errors import ConfigError
-from tba.config.files import build_config, dump_config, load_config, with_values
+from tba.config.files import absolute_paths, build_config, dump_config, load_config, with_values
 from tba.config.generation import GenerationConfig, VLLMSettings
 from tba.config.overrides import parse_overrides
 from tba.config.run import LoraConfig, ModelConfig, RunConfig
@@ -33,6 +33,7 @@ from tba.config.task import (
 from tba.config.training import BufferConfig, ObjectiveConfig, TrainerConfig
 
 __all__ = [
+    "absolute_paths",
     "TASK_NAMES",
     "TLDR_DATASET",
     "ArithmeticTaskConfig",

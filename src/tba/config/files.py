@@ -57,3 +57,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_config(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """Local dataset files and reward-function files as absolute paths, so that searcher
+    processes (whose working directory may differ) and a repeated run find them."""
+    t = cfg.task
+    updates: dict = {}
+    for key in ("path", "eval_path"):
+        value = getattr(t, key, None)
+        if value and Path(value).expanduser().exists():
+            updates[key] = str(Path(value).expanduser().resolve())
+    funcs = getattr(t, "reward_funcs", None)
+    if funcs:
+        resolved = []
+        for spec in funcs:
+            file, sep, fn = spec.rpartition(":")
+            if sep and file.endswith(".py") and Path(file).expanduser().is_file():
+                spec = f"{Path(file).expanduser().resolve()}:{fn}"
+            resolved.append(spec)
+        updates["reward_funcs"] = resolved
+    if not updates:
+        return cfg
+    return cfg.model_copy(update={"task": t.model_copy(update=updates)})

@@ -31,7 +31,7 @@ import torch
 from rich.console import Console
 
 from tba import allocator
-from tba.config import Config
+from tba.config import Config, absolute_paths
 from tba.console import RunDisplay
 from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
@@ -44,7 +44,7 @@ from tba.runtime.cluster import one_engine_at_a_time, ray_session
 from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
-from tba.runtime.run_dir import absolute_paths, open_run, resume, save
+from tba.runtime.run_dir import open_run, resume, save
 from tba.runtime.startup import StartUp
 from tba.searcher.counters import combine
 from tba.weights import BackgroundPublisher, Sender

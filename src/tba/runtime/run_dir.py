@@ -19,7 +19,7 @@ from tba.checkpoint import (
     restore_global_rng,
     save_checkpoint,
 )
-from tba.config import Config, dump_config
+from tba.config import Config, absolute_paths, dump_config
 from tba.errors import RunDirError
 from tba.machine import describe_machine, machine_line
 from tba.metrics import check_backends, read_metrics
@@ -27,30 +27,6 @@ from tba.plan import Plan
 from tba.runtime.build import Components
 from tba.runtime.policy import seed_everything
 from tba.runtime.preflight import prepare_task, ready_plan
-
-
-def absolute_paths(cfg: Config) -> Config:
-    """Local dataset files and reward-function files as absolute paths, so that searcher
-    processes (whose working directory may differ) and a repeated run find them."""
-    t = cfg.task
-    updates: dict = {}
-    for key in ("path", "eval_path"):
-        value = getattr(t, key, None)
-        if value and Path(value).expanduser().exists():
-            updates[key] = str(Path(value).expanduser().resolve())
-    funcs = getattr(t, "reward_funcs", None)
-    if funcs:
-        resolved = []
-        for spec in funcs:
-            file, sep, fn = spec.rpartition(":")
-            if sep and file.endswith(".py") and Path(file).expanduser().is_file():
-                spec = f"{Path(file).expanduser().resolve()}:{fn}"
-            resolved.append(spec)
-        updates["reward_funcs"] = resolved
-    if not updates:
-        return cfg
-    return cfg.model_copy(update={"task": t.model_copy(update=updates)})
-
 
 created_run_dirs: list[Path] = []
 """Run directories that :func:`prepare_run_dir` created in this process, so that a start that fails

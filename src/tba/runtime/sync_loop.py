@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 
 from tba.buffer import BufferTooSmall, fresh_batch
-from tba.config import Config
+from tba.config import Config, absolute_paths
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
@@ -27,7 +27,7 @@ from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
 from tba.runtime.health import FallWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
-from tba.runtime.run_dir import absolute_paths, open_run, resume, save
+from tba.runtime.run_dir import open_run, resume, save
 
 
 def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
