@@ -86,7 +86,8 @@ def bench_local(policy: torch.nn.Module, repeats: int) -> tuple[float, float]:
 def bench_ray(policy: torch.nn.Module, source: str | LlamaConfig, lora: bool, repeats: int) -> tuple[float, float]:
     import ray
 
-    from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender, WeightBoard
+    from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender
+    from tba.weights.ray.boards import WeightBoard
 
     @ray.remote(num_cpus=1)
     class Loader:

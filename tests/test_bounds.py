@@ -85,6 +85,9 @@ def slow_exact(prompts, completions, completion_ids, answer, **kwargs):
 """
 
 
+SLOW_STEPS = 6
+
+
 def slow_run(tmp_path, demo_cache, name: str, *extra: str):
     from tba.runtime.async_loop import run_ray
 
@@ -100,8 +103,8 @@ def slow_run(tmp_path, demo_cache, name: str, *extra: str):
         f"--task.reward_funcs=[{tmp_path / 'slow.py'}:slow_exact]",
         "--task.answer_column=answer",
         "--task.eval_size=8",
-        "--trainer.steps=12",
-        "--eval.every=12",
+        f"--trainer.steps={SLOW_STEPS}",
+        f"--eval.every={SLOW_STEPS}",
         f"--run.output_dir={tmp_path}",
         f"--run.name={name}",
         *extra,
@@ -109,7 +112,7 @@ def slow_run(tmp_path, demo_cache, name: str, *extra: str):
     args = [a for a in args if not a.startswith(("--task.digits", "--task.operators"))]
     run_dir, summary = run_ray(load_config(None, args))
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
-    assert [r["step"] for r in train] == list(range(1, 13))
+    assert [r["step"] for r in train] == list(range(1, SLOW_STEPS + 1))
     return summary, train
 
 
@@ -119,8 +122,8 @@ def test_a_slow_searcher_holds_the_trainer_within_both_bounds(tmp_path, demo_cac
     assert all(r["buffer/arrival_lag_max"] <= 1 for r in train)  # every batch arrived at most 1 step stale
     # and was trained so: the lag of newly arrived data, the staleness the objective sees
     assert all(r["train/lag_fresh"] <= 1 for r in train if "train/lag_fresh" in r)
-    # over the run: 12 steps x 64 samples trained, at most once each on average
-    assert summary["replay_ratio"] <= 1.0 and train[-1]["searcher/completions"] >= 12 * 64
+    # over the run: SLOW_STEPS steps x 64 samples trained, at most once each on average
+    assert summary["replay_ratio"] <= 1.0 and train[-1]["searcher/completions"] >= SLOW_STEPS * 64
     # the waiting is accounted for: per step, summed, and in the summary; with max_lag=1 each step
     # needs a batch begun after the previous step's weights were published (at least 1 s of reward),
     # so the trainer waited, however fast either side ran

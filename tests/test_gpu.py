@@ -177,7 +177,8 @@ def test_ipc_slots_carry_gpu_weights_exactly_to_a_searcher_process_on_the_same_g
     from tests.helpers.states import random_state
 
     from tba.weights import BackgroundPublisher
-    from tba.weights.ray.ipc import SharedReceiver, SharedSender, SlotBoard
+    from tba.weights.ray.boards import SlotBoard
+    from tba.weights.ray.ipc import SharedReceiver, SharedSender
 
     @ray.remote(num_gpus=0.5)
     class Reader:

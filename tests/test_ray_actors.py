@@ -23,15 +23,16 @@ import ray
 import torch
 from tests.helpers.states import random_state
 
-from tba.runtime.actors import Inbox
+from tba.runtime.inbox import Inbox
 from tba.searcher.counters import declared
 from tba.weights import BackgroundPublisher
 from tba.weights.layout import Layout
-from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender, WeightBoard
-from tba.weights.ray.broadcast import BroadcastReceiver, BroadcastSender, GroupBoard
+from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender
+from tba.weights.ray.boards import GroupBoard, SlotBoard, WeightBoard
+from tba.weights.ray.broadcast import BroadcastReceiver, BroadcastSender
 from tba.weights.ray.channel import channel_receiver, channel_sender, open_channel
 from tba.weights.ray.fallback import FallbackReceiver, FallbackSender
-from tba.weights.ray.ipc import SharedReceiver, SharedSender, SlotBoard
+from tba.weights.ray.ipc import SharedReceiver, SharedSender
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 

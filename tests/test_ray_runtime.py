@@ -297,6 +297,7 @@ def test_ctrl_c_or_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cach
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == status, stderr[-3000:]
     assert said in stderr and "run directory is kept" in stderr
+    assert "thread(s), jemalloc" in stderr  # the ray driver re-executed itself under jemalloc
     # the searchers find the board and inbox by name: no warning that their restart might fail
     assert "constructor arguments in the object store" not in stderr
     assert len(read_metrics(metrics)) >= 5

@@ -206,15 +206,15 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
     shared = runtime == "ray" and lora  # the adapter through shared slots, staged and loaded in flight (ipc)
     extra += ["--runtime.weight_transport=ipc"] if shared else []
     proc, run_dir = train(
-        tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=12", "--eval.every=12", *extra
+        tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=8", "--eval.every=8", *extra
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["trainer_steps"] == 12
+    assert summary["trainer_steps"] == 8
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
     assert all(r["searcher/completions"] > 0 for r in records[-3:])
     # the engine sampled with weights the trainer published after it started
-    assert max(r.policy_version for r in stored_rollouts(run_dir, 12)) > 0
+    assert max(r.policy_version for r in stored_rollouts(run_dir, 8)) > 0
     if broadcast:
         assert records[-1]["weights/broadcasts"] > 0 and records[-1]["weights/fallbacks"] == 0
     if shared:
@@ -233,8 +233,8 @@ def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, 
             [sys.executable, "-m", "tba", "eval", str(run_dir)], capture_output=True, text=True, env=env, timeout=300
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        result = json.loads((run_dir / "checkpoints" / "step_12" / "eval.json").read_text())
-        logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 12 and "eval/accuracy" in r]
+        result = json.loads((run_dir / "checkpoints" / "step_8" / "eval.json").read_text())
+        logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 8 and "eval/accuracy" in r]
         assert (
             result["metrics"]["eval/accuracy"] == logged[0]["eval/accuracy"]
         )  # the trainer evaluated on the searcher's engine

@@ -37,11 +37,12 @@ from tba.evaluation import write_samples
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plan import Plan, actor_gpu_shares, plan_run
-from tba.runtime.actors import BackgroundEvaluation, Finished, Inbox, SearcherWorker
+from tba.runtime.actors import BackgroundEvaluation, Finished, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import one_engine_at_a_time, ray_session
 from tba.runtime.health import FallWatch, remedy
+from tba.runtime.inbox import Inbox
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume, save

@@ -5,7 +5,15 @@
 and attach reference log-probs the same way, in the base class.
 """
 
-from tba.searcher.base import Searcher, SearcherStats
-from tba.searcher.streaming import StreamingSearcher
+import importlib
 
-__all__ = ["Searcher", "SearcherStats", "StreamingSearcher"]
+# Loaded on first use (PEP 562): the inbox's process imports tba.searcher.counters, which must not
+# bring torch along.
+_WHERE = {"Searcher": "base", "SearcherStats": "base", "StreamingSearcher": "streaming"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'tba.searcher' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"tba.searcher.{_WHERE[name]}"), name)

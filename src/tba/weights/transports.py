@@ -65,7 +65,7 @@ TRANSPORTS: dict[str, Transport] = {
             same_gpu=False,
             sender="tba.weights.ray.broadcast:BroadcastSender",
             receiver="tba.weights.ray.broadcast:BroadcastReceiver",
-            board="tba.weights.ray.broadcast:GroupBoard",
+            board="tba.weights.ray.boards:GroupBoard",
         ),
         Transport(
             "ipc",
@@ -76,7 +76,7 @@ TRANSPORTS: dict[str, Transport] = {
             same_gpu=True,
             sender="tba.weights.ray.ipc:SharedSender",
             receiver="tba.weights.ray.ipc:SharedReceiver",
-            board="tba.weights.ray.ipc:SlotBoard",
+            board="tba.weights.ray.boards:SlotBoard",
         ),
     )
 }

@@ -1,8 +1,9 @@
 """Weights by Ray's object store (``runtime.weight_transport=object_store``, and every other
-transport's fallback). A :class:`WeightBoard` actor holds the newest version and a reference to its
-state dict in the object store: publishing is one ``ray.put`` and a small call, so a slow or dead
-searcher cannot block it. :class:`ObjectStoreSender` and :class:`ObjectStoreReceiver` are the
-transport's two sides, usable from any process (the trainer, trainer rank 0, searchers).
+transport's fallback). A :class:`~tba.weights.ray.boards.WeightBoard` actor holds the newest version
+and a reference to its state dict in the object store: publishing is one ``ray.put`` and a small
+call, so a slow or dead searcher cannot block it. :class:`ObjectStoreSender` and
+:class:`ObjectStoreReceiver` are the transport's two sides, usable from any process (the trainer,
+trainer rank 0, searchers).
 
 The state dict travels as numpy arrays (:func:`pack`; bfloat16 and float16 viewed as 16-bit
 integers, which numpy lacks): Ray writes their bytes into the object store with one copy instead of
@@ -48,24 +49,6 @@ def unpack(packed: dict) -> dict[str, torch.Tensor]:
                 done[id(a)] = t.view(_DTYPE_NAMES[view]) if view else t
             out[k] = done[id(a)]
     return out
-
-
-@ray.remote(num_cpus=0)
-class WeightBoard:
-    """The newest version published by the object store, and its reference there."""
-
-    def __init__(self) -> None:
-        self.version = -1
-        self.ref = None
-
-    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def set(self, version: int, boxed_ref: list) -> None:
-        if version > self.version:  # a list keeps Ray from resolving the reference on the way in
-            self.version, self.ref = version, boxed_ref[0]
-
-    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def get_if_newer(self, version: int):
-        return (self.version, [self.ref]) if self.version > version else None
 
 
 class ObjectStoreSender(Sender):

@@ -5,10 +5,11 @@ in buckets, instead of the object store.
 - **Its own group.** The trainer's process hosts a ``TCPStore`` and the group is built on it
   (``ProcessGroupGloo`` on a prefix of that store): no default process group is made, so trainer
   ranks (which own the default group in their processes) and this group never meet.
-- **Forming.** Each searcher registers with the group's board (:class:`GroupBoard`) (its index and a token of its
-  incarnation). Once every searcher has, and the trainer has a first publication (whose layout
-  the searchers need), the trainer announces generation ``g`` of the group (members, address,
-  layout) and every member joins. Until a group has formed, publications go by the object store.
+- **Forming.** Each searcher registers with the group's board
+  (:class:`~tba.weights.ray.boards.GroupBoard`: its index and a token of its incarnation). Once
+  every searcher has, and the trainer has a first publication (whose layout the searchers need), the
+  trainer announces generation ``g`` of the group (members, address, layout) and every member joins.
+  Until a group has formed, publications go by the object store.
 - **A publication.** The trainer copies the state into a send buffer allocated once, tells the
   board that version ``v`` is coming in generation ``g`` and broadcasts a header and the buffer.
   Searchers poll the board on a thread of their own and join a broadcast only when one is announced,
@@ -49,49 +50,6 @@ POLL_S = 0.05  # how often a searcher asks the board for an announced broadcast
 BEAT_S = 0.25  # how often a searcher's receiver says it is alive (a thread of its own: never blocked in gloo)
 SILENT_S = 2.0  # a member silent this long after a failed broadcast is named in the log (its process died)
 BUCKET_BYTES = 64 << 20
-
-
-@ray.remote(num_cpus=0)
-class GroupBoard:
-    """The group's rendezvous: each searcher's incarnation, the newest generation of the group, the
-    broadcast announced last, and when each member last said it was alive."""
-
-    def __init__(self) -> None:
-        self.registered: dict[int, str] = {}  # searcher index -> its incarnation token
-        self.group: tuple[int, dict] | None = None
-        self.pending: tuple[int, int] | None = None  # (version, generation) announced last
-        self.polled: dict[int, float] = {}
-
-    def register(self, index: int, token: str) -> None:
-        self.registered[index] = token
-        self.polled[index] = time.monotonic()
-
-    @ray.method(enable_task_events=False)  # polled twice a second by the trainer's side
-    def members(self) -> dict[int, str]:
-        return dict(self.registered)
-
-    def announce_group(self, generation: int, spec: dict) -> None:
-        self.group = (generation, spec)
-
-    @ray.method(enable_task_events=False)  # once a publication
-    def announce_broadcast(self, version: int, generation: int) -> None:
-        self.pending = (version, generation)
-
-    @ray.method(enable_task_events=False)  # called 4 times a second by each searcher
-    def beat(self, index: int) -> None:
-        self.polled[index] = time.monotonic()
-
-    @ray.method(enable_task_events=False)  # called 20 times a second by each searcher
-    def poll(self, generation: int, index: int):
-        """(the group's newest generation if newer than ``generation``, the broadcast announced last)"""
-        self.polled[index] = time.monotonic()
-        newer = self.group if self.group is not None and self.group[0] > generation else None
-        return newer, self.pending
-
-    def silent(self, seconds: float) -> list[int]:
-        """The registered searchers that have not said they are alive for ``seconds``."""
-        now = time.monotonic()
-        return sorted(i for i in self.registered if now - self.polled.get(i, 0.0) > seconds)
 
 
 def _group(host: str, port: int, generation: int, rank: int, world: int, timeout_s: float, store=None):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import ray
 
 from tba.weights.base import Receiver, Sender
-from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender, WeightBoard
+from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender
+from tba.weights.ray.boards import WeightBoard
 from tba.weights.ray.fallback import FallbackReceiver, FallbackSender
 from tba.weights.transports import Transport, transport
 

@@ -6,7 +6,7 @@ CPU they are shared host memory (``multiprocessing.shared_memory``), which the t
 
 - **Handles once.** With its first publication the trainer announces the layout
   (:class:`tba.weights.layout.Layout`) and the two buffers' handles on the slots' board
-  (:class:`SlotBoard`), with
+  (:class:`~tba.weights.ray.boards.SlotBoard`), with
   the GPU's UUID; a searcher maps them at its first fetch and refuses a GPU it does not see.
 - **A publication.** The trainer writes the slot that holds neither the newest version nor a
   searcher's lease, waits for the copy to land, then sets the version and slot on the board.
@@ -36,52 +36,6 @@ from tba.weights.layout import Layout
 
 LEASE_TIMEOUT_S = 30.0  # a lease held longer than this belongs to a searcher that died mid-copy
 SLOTS = 2
-
-
-@ray.remote(num_cpus=0)
-class SlotBoard:
-    """The slots' handles and layout, the newest version and the slot that holds it, and the leases
-    of the searchers that copy a slot now."""
-
-    def __init__(self) -> None:
-        self.version = -1
-        self.slot: int | None = None
-        self.spec: dict | None = None
-        self.leases: dict[str, tuple[int, float, int | None]] = {}  # reader -> (slot, when leased, searcher index)
-
-    def announce(self, spec: dict) -> None:
-        self.spec = spec
-
-    def slots(self) -> dict | None:
-        return self.spec
-
-    @ray.method(enable_task_events=False)  # once a publication
-    def set(self, version: int, slot: int) -> None:
-        if version > self.version:
-            self.version, self.slot = version, slot
-
-    @ray.method(enable_task_events=False)  # once a fetch
-    def lease(self, newer_than: int, reader: str, index: int | None = None) -> tuple[int, int] | None:
-        """(the newest version, its slot), leased to ``reader`` until it calls :meth:`release`, if the
-        newest version is above ``newer_than``; else None."""
-        if self.version <= newer_than or self.slot is None:
-            return None
-        self.leases[reader] = (self.slot, time.monotonic(), index)
-        return self.version, self.slot
-
-    @ray.method(enable_task_events=False)  # once a fetch
-    def release(self, reader: str) -> None:
-        self.leases.pop(reader, None)
-
-    @ray.method(enable_task_events=False)  # polled while a publication waits for a slot
-    def slot_leased(self, slot: int, timeout_s: float) -> tuple[bool, list]:
-        """Whether a reader copies ``slot`` now, and the leases older than ``timeout_s`` (their reader
-        died mid-copy), dropped now, as (reader, slot, searcher index)."""
-        now = time.monotonic()
-        expired = [(r, s, i) for r, (s, t, i) in self.leases.items() if now - t > timeout_s]
-        for r, _, _ in expired:
-            del self.leases[r]
-        return any(s == slot for s, _, _ in self.leases.values()), expired
 
 
 class Slots:

@@ -1,0 +1,58 @@
+"""The inbox of the ray runtime: one Ray actor between the searchers and the trainer. A module of
+its own, light to import: an actor's process imports the module that defines its class (groups
+bring what their own classes need when they arrive)."""
+
+from __future__ import annotations
+
+import ray
+
+from tba.searcher.counters import carried_counts
+
+
+@ray.remote(num_cpus=0)
+class Inbox:
+    """Groups on their way from searchers to the trainer, and each searcher's latest counters."""
+
+    def __init__(self, max_ahead: int | None = None) -> None:
+        self.groups: list = []
+        self.stats: dict[int, dict] = {}
+        self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
+        self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
+        self.running = True
+        self.max_ahead = max_ahead  # groups arrived and not yet drawn by the trainer (runtime.max_ahead)
+        self.arrived = self.consumed = 0
+        self.trainer_waiting = False
+
+    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
+    def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
+        self.groups.extend(groups)
+        self.arrived += len(groups)
+        last = self.stats.get(searcher_id)
+        if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
+            self.carried[searcher_id] = carried_counts(last)  # (its streams' prompts in flight are lost)
+        carried = self.carried.get(searcher_id, {})
+        self.stats[searcher_id] = {**stats, **{k: stats.get(k, 0.0) + v for k, v in carried.items()}}
+        self.errors.extend(errors)
+        return self.running  # False tells the searcher to stop
+
+    @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
+    def drain(self, consumed: int | None = None, waiting: bool = False) -> tuple[list, dict[int, dict], list[str]]:
+        """Everything that arrived; ``consumed``: the groups the trainer has drawn so far (this run);
+        ``waiting``: the trainer waits for searchers (for data, or for newer weights in their data
+        under the lag bound), so none may pause."""
+        if consumed is not None:
+            self.consumed = consumed
+        self.trainer_waiting = waiting
+        groups, self.groups = self.groups, []
+        errors, self.errors = self.errors, []
+        return groups, dict(self.stats), errors
+
+    @ray.method(enable_task_events=False)  # polled by a paused searcher
+    def ahead(self) -> bool:
+        """Whether searchers should pause: more has arrived than the trainer will draw soon."""
+        if not self.running or self.max_ahead is None or self.trainer_waiting:
+            return False
+        return self.arrived - self.consumed >= self.max_ahead
+
+    def stop(self) -> None:
+        self.running = False
