@@ -56,12 +56,14 @@ def searcher_pids(sid: int) -> set[int]:
     return {pid for pid, cmd in session_processes(sid).items() if cmd.startswith("ray::SearcherWorker")}
 
 
-def test_killed_searcher_restarts_and_the_run_completes(tmp_path, demo_cache):
-    # The replay bound (trainer.max_replay_ratio=1) keeps the trainer from finishing on what the
-    # searcher delivered before it died: the run must outlast the restart (the kill comes within a
-    # second of step 2; each step needs a batch generated after it).
-    # A streaming searcher, killed with prompts in flight: the restart (the actor and its run loop,
-    # the same for both kinds of searcher) and the count of what died with it.
+def run_with_a_killed_searcher(tmp_path: Path, demo_cache: Path) -> int:
+    """A run whose searcher is killed mid-run restarts it and completes; its session's id.
+
+    The replay bound (trainer.max_replay_ratio=1) keeps the trainer from finishing on what the
+    searcher delivered before it died: the run must outlast the restart (the kill comes within a
+    second of step 2; each step needs a batch generated after it). A streaming searcher, killed with
+    prompts in flight: the restart (the actor and its run loop, the same for both kinds of searcher)
+    and the count of what died with it."""
     steps = 50
     proc = start_run(
         tmp_path, demo_cache, "s", f"--trainer.steps={steps}", f"--eval.every={steps}", "--trainer.max_replay_ratio=1",
@@ -106,9 +108,10 @@ def test_killed_searcher_restarts_and_the_run_completes(tmp_path, demo_cache):
     # the trainer waited for data while its only searcher restarted: counted as waiting, not as a pause
     assert longest < 5.0, "a pause of the trainer beyond its wait for data"
     assert train[-1]["trainer/wait_total_s"] > 0
+    return proc.pid
 
 
-def test_sigkill_of_tba_train_leaves_no_ray_process_and_a_new_run_starts(tmp_path, demo_cache):
+def test_a_sigkilled_tba_train_leaves_no_ray_process_and_the_next_run_survives_a_killed_searcher(tmp_path, demo_cache):
     proc = start_run(tmp_path, demo_cache, "k", "--trainer.steps=100000", "--eval.every=100000")
     try:
         wait_for_steps(proc, tmp_path / "k" / "metrics.jsonl", 2)
@@ -128,12 +131,6 @@ def test_sigkill_of_tba_train_leaves_no_ray_process_and_a_new_run_starts(tmp_pat
         for pid in session_processes(proc.pid):
             os.kill(pid, signal.SIGKILL)
 
-    second = start_run(tmp_path, demo_cache, "k2", "--trainer.steps=3", "--eval.every=3")
-    try:
-        _, stderr = second.communicate(timeout=150)
-    finally:
-        if second.poll() is None:
-            os.killpg(second.pid, signal.SIGKILL)
-    assert second.returncode == 0, stderr[-3000:]
-    assert [r["step"] for r in read_metrics(tmp_path / "k2" / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]
-    assert not session_processes(second.pid), "a finished run leaves nothing behind"
+    # a new run starts, and survives the death of its searcher
+    second = run_with_a_killed_searcher(tmp_path, demo_cache)
+    assert not session_processes(second), "a finished run leaves nothing behind"

@@ -113,7 +113,7 @@ def test_dataset_task_trains_and_survives_a_failing_reward(chat_model, chat_data
     assert str(chat_dataset / "data.jsonl") in (run_dir / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("runtime", ["sync", "ray"])
+@pytest.mark.parametrize("runtime", ["sync"])  # (a task in the ray runtime's searchers: the dataset task's test)
 def test_gsm8k_task_trains_with_pass_at_k(chat_model, tmp_path, runtime):
     data = tmp_path / "gsm8k"
     data.mkdir()

@@ -46,24 +46,37 @@ def run_checks(*args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def measured(head32_checkpoint) -> dict:
-    return run_checks(str(head32_checkpoint))
+def every_check(head32_checkpoint, tmp_path_factory) -> dict:
+    """Every check of ``vllm_checks.py`` in one process (vLLM's import alone takes seconds)."""
+    from tests.helpers.tiny_bpe import build_bpe_chat_model
+
+    chat = build_bpe_chat_model(tmp_path_factory.mktemp("chat") / "chat", shape={"hidden_size": 64})  # 2 heads of 32
+    return run_checks("--all", str(head32_checkpoint), str(chat))
+
+
+def check_result(every_check: dict, name: str) -> dict:
+    """One check's measurements; its traceback as the failure where it raised."""
+    result = every_check[name]
+    assert "error" not in result, result.get("error")
+    return result
+
+
+@pytest.fixture(scope="module")
+def measured(every_check) -> dict:
+    return check_result(every_check, "main")
 
 
 @needs_vllm
-def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(tmp_path):
-    from tests.helpers.tiny_bpe import build_bpe_chat_model
-
-    path = build_bpe_chat_model(tmp_path / "chat", shape={"hidden_size": 64})  # 2 heads of 32
-    result = run_checks("--chat", str(path))
+def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(every_check):
+    result = check_result(every_check, "chat")
     assert result["end_of_turn"] in result["end_ids"] and result["end_of_turn"] != result["eos"]
     assert result["greedy"]["vllm"] == result["greedy"]["hf"]
     assert result["greedy_min3"]["vllm"] == result["greedy_min3"]["hf"]
 
 
 @needs_vllm
-def test_vllm_stream_groups_leave_as_they_finish_and_weights_load_in_flight_or_drained(head32_checkpoint):
-    r = run_checks("--stream", str(head32_checkpoint))
+def test_vllm_stream_groups_leave_as_they_finish_and_weights_load_in_flight_or_drained(every_check):
+    r = check_result(every_check, "stream")
     assert r["order"] == ["b", "c", "a"] and r["lengths"] == {"a": [20, 20], "b": [4, 4], "c": [12, 12]}
     assert r["versions"] == {"a": [1, 1], "b": [1, 1], "c": [1, 1]} and r["engine_unfinished"] is False
     # the completion in flight at the load: tokens of both versions, the old ones kept
@@ -121,13 +134,16 @@ def test_engine_memory_is_a_share_of_the_processs_gpu_share():
 def test_vllm_loads_published_weights_in_place(measured):
     reload = measured["reload"]
     assert reload["vllm"] == reload["hf"] and reload["vllm"] != reload["before"] and measured["version"] == 3
+    published = measured["published"]  # through a transport, with the optimizer writing during the send
+    assert published["vllm"] == published["hf_published"] and published["version"] == 4
+    assert published["vllm"] != published["hf_after_the_step"]  # (the step changed what greedy decoding gives)
 
 
 @needs_vllm
 def test_vllm_runs_a_trained_lora_adapter_merged_or_its_own_way_like_hf_greedy_of_the_adapted_policy(
-    head32_checkpoint,
+    every_check,
 ):
-    measured = run_checks("--lora", str(head32_checkpoint))
+    measured = check_result(every_check, "lora")
     gap, scale, terms = (measured.pop(k) for k in ("adapter_logp_max_diff", "adapter_logp_scale", "adapter_terms"))
     assert measured["published_not_adapter"] == []  # only the adapter is published
     lora = measured["lora"]

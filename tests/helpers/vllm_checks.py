@@ -4,6 +4,7 @@
 session must not inherit. Prints one JSON object of measurements on its last line.
 
     python tests/helpers/vllm_checks.py MODEL_DIR
+    python tests/helpers/vllm_checks.py --all MODEL_DIR CHAT_MODEL_DIR   # every check, one process
 """
 
 from __future__ import annotations
@@ -77,7 +78,38 @@ def main(path: str) -> dict:
     expected = HFGenerator(other, tokenizer.pad_token_id, eos).generate(prompts, greedy)
     out["reload"] = {"vllm": outputs(reloaded), "hf": outputs(expected), "before": outputs(mine)}
     out["version"] = engine.version
+    out["published"] = published_while_training(engine, model, prompts, greedy, tokenizer, eos)
     return out
+
+
+def published_while_training(engine, model, prompts, greedy, tokenizer, eos) -> dict:
+    """The engine's weights from a transport (the sync runtime's: a store behind the background
+    publisher, which copies the live weights on its thread) while the optimizer writes into them:
+    the engine must generate with what was published, not with what the step wrote after."""
+    from tba.generation.hf import HFGenerator
+    from tba.weights import BackgroundPublisher, LocalWeightStore
+
+    live = moved(model)  # the trainer's weights at version 4
+    published = moved(model)
+    store = LocalWeightStore()
+    publisher = BackgroundPublisher(store)
+    publisher.publish(live.state_dict(), 4, aliases=True)  # the live tensors themselves
+    publisher.settle()  # the optimizer waits until no publication reads them, then steps
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in live.parameters():
+            p.add_(torch.randn_like(p), alpha=0.5)
+    publisher.flush()
+    version, state = store.fetch(newer_than=3)
+    engine.load_weights(state, version)
+    publisher.close()
+    hf = lambda m: outputs(HFGenerator(m, tokenizer.pad_token_id, eos).generate(prompts, greedy))  # noqa: E731
+    return {
+        "vllm": outputs(engine.generate(prompts, greedy)),
+        "hf_published": hf(published),
+        "hf_after_the_step": hf(live),
+        "version": engine.version,
+    }
 
 
 def chat(path: str) -> dict:
@@ -260,8 +292,31 @@ def stream(path: str) -> dict:
     return out
 
 
+def every_check(path: str, chat_path: str) -> dict:
+    """Every check above in this one process, one engine after another (vLLM's import alone takes
+    seconds): ``{name: its measurements}``, or ``{name: {"error": traceback}}`` for a check that
+    raised, so that the others still report."""
+    import traceback
+
+    out = {}
+    for name, check, where in (
+        ("main", main, path),
+        ("stream", stream, path),
+        ("lora", lora, path),
+        ("chat", chat, chat_path),
+    ):
+        try:
+            out[name] = check(where)
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+        gc.collect()  # the check's engine, before the next one starts
+    return out
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--stream":
+    if sys.argv[1] == "--all":
+        print(json.dumps(every_check(sys.argv[2], sys.argv[3])))
+    elif sys.argv[1] == "--stream":
         print(json.dumps(stream(sys.argv[2])))
     elif sys.argv[1] == "--chat":
         print(json.dumps(chat(sys.argv[2])))
