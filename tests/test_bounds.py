@@ -1,5 +1,6 @@
 """Bounds on replay and staleness (``trainer.max_replay_ratio``, ``runtime.max_lag``): the gate's
-arithmetic, and the ray runtime with a searcher slowed on purpose, bounds on and off."""
+arithmetic (with both off it never holds a step: ``test_both_bounds_off_never_wait``), and the ray
+runtime with a searcher slowed on purpose under both bounds."""
 
 from __future__ import annotations
 
@@ -131,11 +132,3 @@ def test_a_slow_searcher_holds_the_trainer_within_both_bounds(tmp_path, demo_cac
     assert_reordered_close(sum(waits), train[-1]["trainer/wait_total_s"], dtype=torch.float64, terms=len(waits))
     assert summary["trainer_wait_s"] == pytest.approx(train[-1]["trainer/wait_total_s"], abs=1e-3)
     assert train[-1]["trainer/wait_total_s"] > 0
-
-
-def test_with_both_bounds_off_the_trainer_never_waits_for_a_slow_searcher(tmp_path, demo_cache):
-    # (how much it then overtrains, replay_ratio > 1, depends on how fast each side runs: not asserted)
-    summary, train = slow_run(
-        tmp_path, demo_cache, "unbounded", "--trainer.max_replay_ratio=null", "--runtime.max_lag=null"
-    )
-    assert train[-1]["trainer/wait_total_s"] < 0.1 * summary["wall_clock_s"]  # the gate never holds it

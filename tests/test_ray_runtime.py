@@ -103,33 +103,6 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     assert all(r["buffer/arrival_lag_max"] <= k for r in train if "buffer/arrival_lag_max" in r)
 
 
-def test_streaming_searchers_train_with_weights_loaded_in_flight(tmp_path, demo_cache):
-    steps = 16
-    cfg = load_config(
-        None,
-        [
-            *SMALL,
-            f"--trainer.steps={steps}",
-            "--trainer.sync_interval=2",
-            "--runtime.max_lag=4",
-            "--generation.stream=true",
-            "--eval.every=16",
-            f"--model.cache_dir={demo_cache}",
-            f"--run.output_dir={tmp_path}",
-            "--run.name=s",
-        ],
-    )
-    run_dir, summary = run_ray(cfg)
-    assert summary["trainer_steps"] == steps
-    rollouts = stored_rollouts(run_dir, steps)
-    assert max(r.policy_version for r in rollouts) > 0  # the stream took new weights
-    assert all(r.arrival_step - r.policy_version <= 4 for r in rollouts)  # counted from the oldest version
-    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
-    last = train[-1]
-    taken, sent = last["searcher/prompts_taken"], last["searcher/groups_sent"]
-    assert taken == sent + last["searcher/dropped_groups"] + last["searcher/in_flight"] and sent > 0
-
-
 def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
     from ray.cluster_utils import Cluster
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import SMALL_DEMO_ARGS
+from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
 from tests.helpers.processes import session_processes
 
 from tba.metrics import read_metrics
@@ -62,8 +62,8 @@ def run_with_a_killed_searcher(tmp_path: Path, demo_cache: Path) -> int:
     The replay bound (trainer.max_replay_ratio=1) keeps the trainer from finishing on what the
     searcher delivered before it died: the run must outlast the restart (the kill comes within a
     second of step 2; each step needs a batch generated after it). A streaming searcher, killed with
-    prompts in flight: the restart (the actor and its run loop, the same for both kinds of searcher)
-    and the count of what died with it."""
+    prompts in flight: the restart (the actor and its run loop, the same for both kinds of searcher),
+    the count of what died with it, and weights loaded into the stream in flight."""
     steps = 50
     proc = start_run(
         tmp_path, demo_cache, "s", f"--trainer.steps={steps}", f"--eval.every={steps}", "--trainer.max_replay_ratio=1",
@@ -87,6 +87,10 @@ def run_with_a_killed_searcher(tmp_path: Path, demo_cache: Path) -> int:
     records = read_metrics(tmp_path / "s" / "metrics.jsonl")
     train = [r for r in records if "train/loss" in r]
     assert [r["step"] for r in train] == list(range(1, steps + 1))  # no step lost
+    rollouts = stored_rollouts(tmp_path / "s", steps)
+    assert max(r.policy_version for r in rollouts) > 0  # the stream took new weights in flight
+    # the lag bound (4 x trainer.sync_interval), counted from the oldest version of a completion
+    assert all(r.arrival_step - r.policy_version <= 4 for r in rollouts)
     assert train[-1]["searcher/restarts"] == 1 and train[0]["searcher/restarts"] == 0
     assert "searcher 0 died" in (tmp_path / "s" / "errors.log").read_text()
     # every prompt taken: sent, dropped, in flight at the end, or lost with the killed process
