@@ -33,7 +33,6 @@ from tba.config.task import (
 from tba.config.training import BufferConfig, ObjectiveConfig, TrainerConfig
 
 __all__ = [
-    "absolute_paths",
     "TASK_NAMES",
     "TLDR_DATASET",
     "ArithmeticTaskConfig",
@@ -55,6 +54,7 @@ __all__ = [
     "TaskConfig",
     "TrainerConfig",
     "VLLMSettings",
+    "absolute_paths",
     "build_config",
     "dump_config",
     "load_config",

@@ -19,7 +19,7 @@ from tba.checkpoint import (
     restore_global_rng,
     save_checkpoint,
 )
-from tba.config import Config, absolute_paths, dump_config
+from tba.config import Config, dump_config
 from tba.errors import RunDirError
 from tba.machine import describe_machine, machine_line
 from tba.metrics import check_backends, read_metrics
@@ -126,13 +126,13 @@ def open_run(cfg: Config, console: Console, plan: Plan) -> tuple[Config, Path, t
     models (found, causal LMs; the demo model is built here on first use); then seed, create (or
     reopen, on resume) the run directory, and write the resolved config, the run plan (``plan.json``,
     printed too: :mod:`tba.plan`) and the machine (``environment.json``:
-    :func:`tba.machine.describe_machine`; a resume writes its own). Returns the config with local
-    paths made absolute, the run directory, the prepared task and the plan (``plan``: the one made
-    for this config, with its paths made absolute; it gains the EOS ids here). Each check raises a
-    :class:`tba.errors.UserError` that says what to fix."""
+    :func:`tba.machine.describe_machine`; a resume writes its own). ``cfg`` has its local paths made
+    absolute already (:func:`tba.config.absolute_paths`: the plan is made from that config) and
+    ``plan`` is the one made for it. Returns the config, the run directory, the prepared task and
+    the plan (it gains the EOS ids here). Each check raises a :class:`tba.errors.UserError` that
+    says what to fix."""
 
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    cfg = absolute_paths(cfg)
     run_dir = check_run_dir(cfg)
     check_backends(cfg.logging)
     prepared = prepare_task(cfg, log)
