@@ -105,6 +105,44 @@ def demo_cache(tmp_path_factory, request):
 TOOL_TEST_SPEC = TinySpec(max_positions=96, lr=1e-3, check_every=10, target_accuracy=0.05, validation_size=32)
 
 
+def start_local_ray() -> None:
+    """The test process's local Ray instance (2 CPUs), started on first use and kept until the
+    session ends or a test needs none (:func:`stop_local_ray`): in-process runs join it (``run_ray``
+    starts no instance of its own while one is up), which saves each run Ray's start and stop."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
+        )
+
+
+def stop_local_ray() -> None:
+    """For a test that starts its own instance or cluster, or checks what a run does without one."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def _ray_for_the_session():
+    yield
+    stop_local_ray()
+
+
+@pytest.fixture
+def local_ray(_ray_for_the_session):
+    """The shared local Ray instance (:func:`start_local_ray`)."""
+    start_local_ray()
+
+
+@pytest.fixture
+def without_ray(_ray_for_the_session):
+    """No Ray instance in this process when the test starts."""
+    stop_local_ray()
+
+
 @pytest.fixture(scope="session")
 def tool_model(tmp_path_factory, request):
     """A folder holding a tool demo model (``configs/tools.yaml``'s setting, :data:`TOOL_TEST_SPEC`)."""

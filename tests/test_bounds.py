@@ -117,7 +117,7 @@ def slow_run(tmp_path, demo_cache, name: str, *extra: str):
     return summary, train
 
 
-def test_a_slow_searcher_holds_the_trainer_within_both_bounds(tmp_path, demo_cache):
+def test_a_slow_searcher_holds_the_trainer_within_both_bounds(tmp_path, demo_cache, local_ray):
     summary, train = slow_run(tmp_path, demo_cache, "bounded", "--trainer.max_replay_ratio=1.0", "--runtime.max_lag=1")
     assert all(r["train/replay_ratio"] <= 1.0 for r in train)
     assert all(r["buffer/arrival_lag_max"] <= 1 for r in train)  # every batch arrived at most 1 step stale

@@ -297,7 +297,7 @@ def test_sync_streaming_generation_resumes_bit_exact_and_counts_every_prompt(tmp
 # ------------------------------------------------------------------ resume, ray runtime
 
 
-def test_ray_resume_keeps_every_group_and_continues_the_metrics(tmp_path, demo_cache):
+def test_ray_resume_keeps_every_group_and_continues_the_metrics(tmp_path, demo_cache, local_ray):
     from tba.runtime.async_loop import run_ray
 
     def cfg(steps, *extra):

@@ -137,7 +137,7 @@ def test_eval_async_needs_the_ray_runtime():
         load_config(None, ["--runtime.type=sync", "--eval.async=true"])
 
 
-def test_async_evaluation_logs_each_step_once_with_the_numbers_of_its_weights(tmp_path, demo_cache):
+def test_async_evaluation_logs_each_step_once_with_the_numbers_of_its_weights(tmp_path, demo_cache, local_ray):
     """eval.async: the actor's results land at the steps they belong to, once each, in order, and
     equal what ``tba eval`` gives for the checkpoint of that step."""
     from tba.runtime.async_loop import run_ray

@@ -121,7 +121,7 @@ def test_sync_runtime_trains_an_adapter_and_resumes_it(tmp_path, demo_cache):
     assert summary["trainer_steps"] == 5 and latest_checkpoint(run_dir).name == "step_5"
 
 
-def test_ray_runtime_trains_an_adapter_with_base_model_reference(tmp_path, demo_cache):
+def test_ray_runtime_trains_an_adapter_with_base_model_reference(tmp_path, demo_cache, local_ray):
     cfg = lora_config(
         demo_cache,
         tmp_path,

@@ -4,6 +4,7 @@ run with a clear message."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
-from tests.conftest import SMALL_DEMO_ARGS
+from tests.conftest import SMALL_DEMO_ARGS, start_local_ray
 from tests.helpers.numerics import adam_first_step_tolerance, assert_reordered_close, batch_tokens
 from tests.helpers.processes import session_processes
 from tests.helpers.ranks import train_on_ranks
@@ -128,12 +129,9 @@ def test_rank_metrics_combine_as_one_batch():
 
 
 @pytest.fixture(scope="module")
-def ray_cpus(demo_cache):
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
-    )
-    yield demo_cache
-    ray.shutdown()
+def ray_cpus(_ray_for_the_session, demo_cache):
+    start_local_ray()
+    return demo_cache
 
 
 @pytest.mark.parametrize(
@@ -204,40 +202,45 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
 
 
 def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
-    a, _ = train_on_ranks(ray_cpus, 2, [], steps=1)
-    b, _ = train_on_ranks(ray_cpus, 2, ["--run.seed=7"], steps=0)  # other initial weights, no step yet
+    a, _ = train_on_ranks(ray_cpus, 2, [], steps=0)
     try:
         # before any step there is no optimizer state, and loading none makes none up (torch's
         # get/set_optimizer_state_dict would take a step of lr 0, so the first real one counts twice)
-        fresh = b.trainer.state_dict()
+        fresh = a.trainer.state_dict()
         assert fresh["optimizer"] == {} and fresh["stepped"] is False
-        b.trainer.load_state_dict(fresh)
-        assert b.trainer.state_dict()["stepped"] is False
+        a.trainer.load_state_dict(fresh)
+        assert a.trainer.state_dict()["stepped"] is False
+        batch = a.buffer.sample(6, 8)
+        a.trainer.step(batch)
         a.trainer.sync_policy()
-        state = a.trainer.state_dict()
-        b.policy.load_state_dict(a.policy.state_dict())  # what resume() does: the checkpoint's weights first
-        b.trainer.load_state_dict(state)
-        assert b.trainer.version == 1
-        after = b.trainer.state_dict()
+        state = copy.deepcopy(a.trainer.state_dict())  # a checkpoint after step 1
+        weights = {k: v.clone() for k, v in a.policy.state_dict().items()}
+        ma = a.trainer.step(batch)
+        pa = {k: v.clone() for k, v in a.trainer.published_state().items()}
+        # back to step 1 on ranks whose weights and moments have moved on: what resume() does, the
+        # checkpoint's weights first
+        a.policy.load_state_dict(weights)
+        a.trainer.load_state_dict(state)
+        a.trainer.weights = LocalWeightStore()  # a resumed run's: nothing published yet
+        assert a.trainer.version == 1
+        after = a.trainer.state_dict()
         for name, moments in state["optimizer"]["state"].items():
             for key, value in moments.items():
                 torch.testing.assert_close(after["optimizer"]["state"][name][key], value, rtol=0, atol=0)
         assert after["scheduler"] == state["scheduler"]
-        batch = a.buffer.sample(6, 8)
-        ma, mb = a.trainer.step(batch), b.trainer.step(batch)
+        mb = a.trainer.step(batch)
         assert mb["train/loss"] == ma["train/loss"]  # the same state, batch and ranks: bit-exact by design
-        pa, pb = a.trainer.published_state(), b.trainer.published_state()
-        assert all(torch.equal(pa[k], pb[k]) for k in pa)
+        pb = a.trainer.published_state()
+        assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
         # a step with nothing to train on: every rank's schedule moves on, no weight does
         epoch = a.trainer.state_dict()["scheduler"]["last_epoch"]
         skipped = a.trainer.skip()
         assert a.trainer.version == 3 and skipped["train/skipped_steps"] == skipped["train/empty_steps"] == 1.0
         after = a.trainer.state_dict()
         assert after["scheduler"]["last_epoch"] == epoch + 1 and after["empty_steps"] == 1
-        assert all(torch.equal(a.trainer.published_state()[k], pa[k]) for k in pa)
+        assert all(torch.equal(a.trainer.published_state()[k], pb[k]) for k in pb)
     finally:
         a.trainer.updates.close()
-        b.trainer.updates.close()
 
 
 # ------------------------------------------------------------------ whole runs

@@ -21,6 +21,7 @@ from multiprocessing import shared_memory
 import pytest
 import ray
 import torch
+from tests.conftest import start_local_ray
 from tests.helpers.states import random_state
 
 from tba.runtime.inbox import Inbox
@@ -118,12 +119,8 @@ def publish_live_then_step(sender, version: int) -> BackgroundPublisher:
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
-    )
-    yield
-    ray.shutdown()
+def ray_local(_ray_for_the_session):
+    start_local_ray()
 
 
 def test_the_object_store_keeps_the_newest_version_exactly_and_live_weights_as_handed_over(ray_local):

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import ray
-from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
+from tests.conftest import SMALL_DEMO_ARGS, start_local_ray, stored_rollouts
 
 from tba.config import load_config
 from tba.metrics import read_metrics
@@ -24,13 +24,10 @@ STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def ray_session(demo_cache):
-    """One local Ray instance for all objectives (run_ray joins it instead of starting its own)."""
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
-    )
-    yield demo_cache
-    ray.shutdown()
+def ray_session(_ray_for_the_session, demo_cache):
+    """The tests' local Ray instance for all objectives (run_ray joins it instead of starting its own)."""
+    start_local_ray()
+    return demo_cache
 
 
 @pytest.mark.parametrize(

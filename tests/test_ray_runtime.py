@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 SMALL = ["--runtime.type=ray", *SMALL_DEMO_ARGS, "--logging.progress=false"]
 
 
-def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
+def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache, local_ray):
     k, steps = 4, 40
     cfg = load_config(
         None,
@@ -43,8 +43,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
             "--run.name=a",
         ],
     )
-    run_dir, summary = run_ray(cfg)
-    assert not ray.is_initialized()  # the local instance it started is gone
+    run_dir, summary = run_ray(cfg)  # (joins the tests' instance; a run's own goes with it: test_ctrl_c_or_sigterm...)
     assert summary["trainer_steps"] == steps and summary["runtime"] == "ray"
     assert 0 < summary["trainer_busy_fraction"] <= 1 and summary["lag_mean"] is not None
     # where the time before the first step went, in order, the searcher's side from its own clock
@@ -103,7 +102,7 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache):
     assert all(r["buffer/arrival_lag_max"] <= k for r in train if "buffer/arrival_lag_max" in r)
 
 
-def test_searcher_on_another_node_contributes(tmp_path, demo_cache):
+def test_searcher_on_another_node_contributes(tmp_path, demo_cache, without_ray):
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})

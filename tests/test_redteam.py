@@ -269,7 +269,7 @@ def test_min_attack_length_holds_in_training_and_evaluation(models, tmp_path):
 
 
 @pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_redteam_trains_and_evaluates(models, tmp_path, runtime):
+def test_redteam_trains_and_evaluates(models, tmp_path, runtime, request):
     args = task_args(models, "--task.victim_samples=2", "--task.eval_top=3", "--task.eval_min_new_tokens=3")
     args += [
         f"--model.policy={models['attacker']}",
@@ -290,6 +290,8 @@ def test_redteam_trains_and_evaluates(models, tmp_path, runtime):
         "--run.name=rt",
     ]
     run = run_sync if runtime == "sync" else run_ray
+    if runtime == "ray":
+        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
     run_dir, summary = run(load_config(None, args))
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records if r.get("train/loss") is not None] == [1, 2, 3, 4]

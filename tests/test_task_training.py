@@ -95,9 +95,11 @@ def check_run(run_dir, metric: str, steps: int = 4) -> list[dict]:
 
 
 @pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_dataset_task_trains_and_survives_a_failing_reward(chat_model, chat_dataset, tmp_path, runtime):
+def test_dataset_task_trains_and_survives_a_failing_reward(chat_model, chat_dataset, tmp_path, runtime, request):
     cfg = load_config(None, dataset_args(chat_model, chat_dataset, tmp_path, runtime))
     run = run_sync if runtime == "sync" else run_ray
+    if runtime == "ray":
+        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
     run_dir, summary = run(cfg)
     train = check_run(run_dir, "eval/reward")
     assert summary["task"] == "dataset" and summary["trainer_steps"] == 4

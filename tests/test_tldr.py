@@ -132,7 +132,7 @@ def test_dataset_task_with_a_reward_model(tmp_path, reward_model, tldr_data):
 
 
 @pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_tldr_trains_and_evaluates_win_rate_and_kl(tmp_path, reward_model, tldr_data, runtime):
+def test_tldr_trains_and_evaluates_win_rate_and_kl(tmp_path, reward_model, tldr_data, runtime, request):
     policy = build_bpe_chat_model(tmp_path / "policy")
     args = [
         f"--runtime.type={runtime}",
@@ -155,6 +155,8 @@ def test_tldr_trains_and_evaluates_win_rate_and_kl(tmp_path, reward_model, tldr_
         "--run.name=t",
     ]
     run = run_sync if runtime == "sync" else run_ray
+    if runtime == "ray":
+        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
     run_dir, summary = run(load_config(None, args))
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("eval/win_rate") is not None]
     assert [r["step"] for r in evals] == [0, 2, 4]

@@ -45,13 +45,19 @@ def run_checks(*args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# the sync run that vllm_checks.py makes with its engines' process (streaming; then tba eval)
+SYNC_RUN = ["--runtime.type=sync", "--trainer.steps=8", "--eval.every=8", "--generation.stream=true"]
+
+
 @pytest.fixture(scope="module")
-def every_check(head32_checkpoint, tmp_path_factory) -> dict:
+def every_check(head32_checkpoint, tmp_path_factory, demo_cache) -> dict:
     """Every check of ``vllm_checks.py`` in one process (vLLM's import alone takes seconds)."""
     from tests.helpers.tiny_bpe import build_bpe_chat_model
 
     chat = build_bpe_chat_model(tmp_path_factory.mktemp("chat") / "chat", shape={"hidden_size": 64})  # 2 heads of 32
-    return run_checks("--all", str(head32_checkpoint), str(chat))
+    runs = tmp_path_factory.mktemp("vllm-sync-run")
+    args = [*train_args(runs, *SYNC_RUN), f"--model.cache_dir={demo_cache}"] if HAS_VLLM else []
+    return run_checks("--all", str(head32_checkpoint), str(chat), *args)
 
 
 def check_result(every_check: dict, name: str) -> dict:
@@ -193,68 +199,86 @@ def test_unsupported_cpu_head_size_is_a_config_error(monkeypatch, tiny_checkpoin
     vllm_backend.check_vllm_backend(AutoConfig.from_pretrained(head32_checkpoint), torch.device("cpu"))
 
 
-def train(tmp_path, demo_cache, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """``tba train`` on the small demo setting with the vLLM backend, in its own process."""
+def train_args(out: Path, *args: str) -> list[str]:
+    """``tba train``'s arguments for the small demo setting with the vLLM backend, run ``out/v``."""
     from tests.conftest import SMALL_DEMO_ARGS
 
+    common = ["--logging.progress=false", "--eval.limit=20", f"--run.output_dir={out}", "--run.name=v"]
+    return [*SMALL_DEMO_ARGS, "--generation.backend=vllm", *common, *args]
+
+
+def train(tmp_path, demo_cache, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``tba train`` on the small demo setting with the vLLM backend, in its own process."""
     env = {**os.environ, "TBA_CACHE": str(demo_cache), "TERM": "dumb"}
-    cmd = [sys.executable, "-m", "tba", "train", *SMALL_DEMO_ARGS, "--generation.backend=vllm"]
-    cmd += ["--logging.progress=false", "--eval.limit=20", f"--run.output_dir={tmp_path}", "--run.name=v", *args]
+    cmd = [sys.executable, "-m", "tba", "train", *train_args(tmp_path, *args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     return proc, tmp_path / "v"
 
 
-@needs_vllm
-@pytest.mark.parametrize(
-    ("runtime", "lora", "stream"), [("sync", False, True), ("ray", False, False), ("ray", True, True)]
-)
-def test_both_runtimes_train_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, runtime, lora, stream):
+def assert_trained_on_published_weights(run_dir: Path, stream: bool) -> list[dict]:
+    """The checks every vLLM run passes: 8 steps, the searcher's completions in the last ones, the
+    engine's samples from weights published after it started, and (streaming) each prompt taken
+    accounted for. The run's training records."""
     from tests.conftest import stored_rollouts
 
     from tba.metrics import read_metrics
 
-    # (the LoRA run streams with vLLM's own LoRA: each version's requests under the adapter's new id)
-    extra = ["--model.lora={r: 8}", "--trainer.lr=3e-3", "--generation.vllm.lora=adapter"] if lora else []
-    extra += ["--runtime.max_lag=2"] if runtime == "ray" else []  # searchers must take new weights to keep up
-    extra += ["--generation.stream=true"] if stream else []  # continuous generation (ray: weights loaded in flight)
-    broadcast = runtime == "ray" and not lora  # the engine loads what the gloo group staged (tba.runtime.broadcast)
-    extra += ["--runtime.weight_transport=broadcast"] if broadcast else []
-    shared = runtime == "ray" and lora  # the adapter through shared slots, staged and loaded in flight (ipc)
-    extra += ["--runtime.weight_transport=ipc"] if shared else []
-    proc, run_dir = train(
-        tmp_path, demo_cache, f"--runtime.type={runtime}", "--trainer.steps=8", "--eval.every=8", *extra
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainer_steps"] == 8
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
     assert all(r["searcher/completions"] > 0 for r in records[-3:])
     # the engine sampled with weights the trainer published after it started
     assert max(r.policy_version for r in stored_rollouts(run_dir, 8)) > 0
-    if broadcast:
-        assert records[-1]["weights/broadcasts"] > 0 and records[-1]["weights/fallbacks"] == 0
-    if shared:
-        assert records[-1]["weights/shared_publications"] > 0 and records[-1]["weights/fetch_s"] > 0
     if stream:  # every prompt the streaming searcher took: sent, dropped or still in flight
         last = records[-1]
         assert last["searcher/prompts_taken"] == (
             last["searcher/groups_sent"] + last["searcher/dropped_groups"] + last["searcher/in_flight"]
         )
         assert last["searcher/groups_sent"] > 0 and last["searcher/versions_per_group"] >= 1
-        if runtime == "sync":  # each step's prompts all finished within it: nothing in flight, one version
-            assert all(r["searcher/in_flight"] == 0 for r in records) and last["searcher/versions_per_group"] == 1
-    if runtime == "sync":  # tba eval of the run, through a vLLM engine on its checkpoint
-        env = {**os.environ, "TBA_CACHE": str(demo_cache), "TERM": "dumb"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "tba", "eval", str(run_dir)], capture_output=True, text=True, env=env, timeout=300
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        result = json.loads((run_dir / "checkpoints" / "step_8" / "eval.json").read_text())
-        logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 8 and "eval/accuracy" in r]
-        assert (
-            result["metrics"]["eval/accuracy"] == logged[0]["eval/accuracy"]
-        )  # the trainer evaluated on the searcher's engine
-        assert "generation: a vLLM engine on" in proc.stderr  # the engine did start
+    return records
+
+
+@needs_vllm
+def test_the_sync_runtime_streams_from_its_engine_and_tba_eval_repeats_the_runs_evaluation(every_check):
+    """``tba train`` in the sync runtime with a vLLM engine (streaming), then ``tba eval`` of its
+    checkpoint through an engine of its own (vllm_checks.py, in the checks' process)."""
+    from tba.metrics import read_metrics
+
+    result = check_result(every_check, "sync_run")
+    run_dir = Path(result["run_dir"])
+    assert result["train"] == 0 and result["eval"] == 0, result["eval_stderr"]
+    records = assert_trained_on_published_weights(run_dir, stream=True)
+    # each step's prompts all finished within it: nothing in flight, one version a group
+    assert all(r["searcher/in_flight"] == 0 for r in records) and records[-1]["searcher/versions_per_group"] == 1
+    evaluated = json.loads((run_dir / "checkpoints" / "step_8" / "eval.json").read_text())
+    logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] == 8 and "eval/accuracy" in r]
+    # the trainer evaluated on the searcher's engine, tba eval on one it started
+    assert evaluated["metrics"]["eval/accuracy"] == logged[0]["eval/accuracy"]
+    assert "generation: a vLLM engine on" in result["eval_stderr"]
+
+
+@needs_vllm
+@pytest.mark.parametrize("lora", [False, True], ids=["broadcast", "lora-ipc-stream"])
+def test_the_ray_runtime_trains_with_vllm_searchers_on_published_weights(tmp_path, demo_cache, lora):
+    from tba.metrics import read_metrics
+
+    # the engine loads what the gloo group staged (tba.weights.ray.broadcast); with LoRA, the adapter
+    # through shared slots (ipc), staged and loaded in flight by a streaming searcher, each version's
+    # requests under the adapter's new id (vLLM's own LoRA)
+    extra = ["--runtime.max_lag=2"]  # searchers must take new weights to keep up
+    if lora:
+        extra += ["--model.lora={r: 8}", "--trainer.lr=3e-3", "--generation.vllm.lora=adapter"]
+        extra += ["--runtime.weight_transport=ipc", "--generation.stream=true"]
+    else:
+        extra += ["--runtime.weight_transport=broadcast"]
+    proc, run_dir = train(tmp_path, demo_cache, "--runtime.type=ray", "--trainer.steps=8", "--eval.every=8", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_trained_on_published_weights(run_dir, stream=lora)
+    last = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None][-1]
+    if lora:
+        assert last["weights/shared_publications"] > 0 and last["weights/fetch_s"] > 0
+    else:
+        assert last["weights/broadcasts"] > 0 and last["weights/fallbacks"] == 0
 
 
 def test_vllm_backend_with_an_unsupported_head_size_stops_before_the_run_directory(tmp_path, tiny_checkpoint):
@@ -304,9 +328,10 @@ def test_an_evaluation_on_the_searchers_engine_sees_the_trainers_weights_and_han
 
 
 @needs_vllm
-@pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_an_engine_that_cannot_start_is_one_line_exit_2_and_no_run_directory(tmp_path, demo_cache, runtime):
-    proc, run_dir = train(tmp_path, demo_cache, f"--runtime.type={runtime}", "--generation.vllm.kv_cache_gb=1e-6")
+def test_an_engine_that_cannot_start_is_one_line_exit_2_and_no_run_directory(tmp_path, demo_cache):
+    # (in the ray runtime the searcher raises the same error in its start, and the driver finds it in
+    # Ray's text: the next test, and test_ray_runtime.py's searcher that cannot load its model, end to end)
+    proc, run_dir = train(tmp_path, demo_cache, "--runtime.type=sync", "--generation.vllm.kv_cache_gb=1e-6")
     lines = [line for line in proc.stderr.splitlines() if line.startswith("tba: ")]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and "the vLLM engine did not start" in lines[0] and "generation.vllm.kv_cache_gb" in lines[0]

@@ -4,7 +4,10 @@
 session must not inherit. Prints one JSON object of measurements on its last line.
 
     python tests/helpers/vllm_checks.py MODEL_DIR
-    python tests/helpers/vllm_checks.py --all MODEL_DIR CHAT_MODEL_DIR   # every check, one process
+    python tests/helpers/vllm_checks.py --all MODEL_DIR CHAT_MODEL_DIR [TRAIN_ARGS...]   # every check, one process
+
+``TRAIN_ARGS``: ``tba train``'s arguments for a sync run with a vLLM engine that ``--all`` makes
+last, then evaluates with ``tba eval`` (:func:`sync_run`).
 """
 
 from __future__ import annotations
@@ -292,7 +295,30 @@ def stream(path: str) -> dict:
     return out
 
 
-def every_check(path: str, chat_path: str) -> dict:
+def sync_run(train_args: list[str]) -> dict:
+    """``tba train *train_args`` (a sync run with the vLLM backend), then ``tba eval`` of the run
+    directory it names, through the command line's entry point in this process (each would import
+    vLLM again in a process of its own): their exit statuses and what ``tba eval`` wrote to stderr."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from tba.cli import main as tba
+
+    def value(key: str) -> str:
+        (found,) = [a.split("=", 1)[1] for a in train_args if a.startswith(f"--{key}=")]
+        return found
+
+    run_dir = Path(value("run.output_dir")) / value("run.name")
+    out = {"run_dir": str(run_dir), "train": tba(["train", *train_args])}
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        out["eval"] = tba(["eval", str(run_dir)])
+    out["eval_stderr"] = err.getvalue()[-5000:]
+    return out
+
+
+def every_check(path: str, chat_path: str, train_args: list[str] | None = None) -> dict:
     """Every check above in this one process, one engine after another (vLLM's import alone takes
     seconds): ``{name: its measurements}``, or ``{name: {"error": traceback}}`` for a check that
     raised, so that the others still report."""
@@ -304,6 +330,7 @@ def every_check(path: str, chat_path: str) -> dict:
         ("stream", stream, path),
         ("lora", lora, path),
         ("chat", chat, chat_path),
+        *([("sync_run", sync_run, train_args)] if train_args else []),
     ):
         try:
             out[name] = check(where)
@@ -315,7 +342,7 @@ def every_check(path: str, chat_path: str) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--all":
-        print(json.dumps(every_check(sys.argv[2], sys.argv[3])))
+        print(json.dumps(every_check(sys.argv[2], sys.argv[3], sys.argv[4:])))
     elif sys.argv[1] == "--stream":
         print(json.dumps(stream(sys.argv[2])))
     elif sys.argv[1] == "--chat":
