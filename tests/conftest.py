@@ -106,9 +106,9 @@ TOOL_TEST_SPEC = TinySpec(max_positions=96, lr=1e-3, check_every=10, target_accu
 
 
 def start_local_ray() -> None:
-    """The test process's local Ray instance (2 CPUs), started on first use and kept until the
-    session ends or a test needs none (:func:`stop_local_ray`): in-process runs join it (``run_ray``
-    starts no instance of its own while one is up), which saves each run Ray's start and stop."""
+    """The test process's local Ray instance (2 CPUs), started on first use and kept until a test
+    that does not ask for it (:func:`_ray_only_where_asked`): in-process runs join it (``run_ray``
+    starts no instance of its own while one is up), which saves each of them Ray's start and stop."""
     import ray
 
     if not ray.is_initialized():
@@ -118,7 +118,6 @@ def start_local_ray() -> None:
 
 
 def stop_local_ray() -> None:
-    """For a test that starts its own instance or cluster, or checks what a run does without one."""
     import ray
 
     if ray.is_initialized():
@@ -137,10 +136,13 @@ def local_ray(_ray_for_the_session):
     start_local_ray()
 
 
-@pytest.fixture
-def without_ray(_ray_for_the_session):
-    """No Ray instance in this process when the test starts."""
-    stop_local_ray()
+@pytest.fixture(autouse=True)
+def _ray_only_where_asked(request):
+    """An idle Ray instance takes CPU from the tests beside it (about 4% of a core): the shared one
+    stops before a test that does not ask for it (a test that starts its own instance or cluster, or
+    none), so it lives across consecutive tests that join it."""
+    if "_ray_for_the_session" not in request.fixturenames:
+        stop_local_ray()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import time
 import pytest
 from tests.conftest import SMALL_DEMO_ARGS
 
+from tba.checkpoint import latest_checkpoint
 from tba.metrics import read_metrics
 from tba.models.tiny import DEFAULT_SPEC
 
@@ -115,64 +116,59 @@ def test_checkpoint_loads_with_from_pretrained(demo_run):
     assert model.config.model_type == "llama" and tok("1+1=")["input_ids"][0] == tok.bos_token_id
 
 
-def test_resume_continues_from_the_checkpoint(tmp_path, cache_dir):
-    # (the ray runtime's resume: tests/test_checkpoints.py; its CLI start under jemalloc: test_ray_runtime.py)
-    args = [
-        *SMALL_DEMO,
-        "--runtime.type=sync",
-        "--eval.every=4",
-        "--trainer.checkpoint_every=4",
-        f"--run.output_dir={tmp_path}",
-        "--run.name=r",
-    ]
-    first = tba("train", *args, "--trainer.steps=4", cache_dir=cache_dir, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = tba("train", *args, "--trainer.steps=4", cache_dir=cache_dir, cwd=tmp_path)
-    assert again.returncode == 2 and "already holds a run" in again.stderr
-    resumed = tba("train", *args, "--trainer.steps=8", "--run.resume=true", cache_dir=cache_dir, cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stderr and "step 4" in resumed.stderr
-    records = read_metrics(tmp_path / "r" / "metrics.jsonl")
-    steps = [r["step"] for r in records if r.get("train/loss") is not None]
-    assert steps == list(range(1, 9))
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert summary["trainer_steps"] == 8
-    assert (tmp_path / "r" / "checkpoints" / "step_8").is_dir()
-
-
 def test_bad_override_fails_fast_with_the_key(tmp_path, cache_dir):
     proc = tba("train", "--trainer.lrr=1", cache_dir=cache_dir, cwd=tmp_path)
     assert proc.returncode == 2 and "trainer.lrr" in proc.stderr and "unknown key" in proc.stderr
     assert not (tmp_path / "runs").exists()  # rejected before anything was created
 
 
-def test_sigterm_stops_a_sync_run_and_keeps_its_files(tmp_path, cache_dir):
-    """What a scheduler sends (Slurm, Kubernetes): the run unwinds like Ctrl-C and exits 143."""
+def test_ctrl_c_stops_a_sync_run_that_then_resumes_from_its_last_checkpoint(tmp_path, cache_dir):
+    """Ctrl-C (SIGINT) unwinds the run and exits 130, keeping what it wrote (a scheduler's SIGTERM:
+    test_ray_runtime.py); ``--run.resume=true`` continues from its last checkpoint, and the records
+    of steps trained after it are set aside, so the metrics read as one run. (Every number of a
+    resumed run: tests/test_checkpoints.py; a run directory that holds a run: test_bad_input.py.)"""
     env = {**os.environ, "TBA_CACHE": str(cache_dir), "TERM": "dumb"}
     args = [
         *SMALL_DEMO,
         "--runtime.type=sync",
-        "--trainer.steps=100000",
+        "--trainer.checkpoint_every=2",
         f"--run.output_dir={tmp_path}",
-        "--run.name=t",
+        "--run.name=r",
     ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tba", "train", *args], stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+        [sys.executable, "-m", "tba", "train", *args, "--trainer.steps=100000"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        # Ctrl-C in a terminal: SIGINT is never ignored there, but a test started in the background
+        # of a non-interactive shell inherits SIGINT ignored, and Python then keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    metrics = tmp_path / "t" / "metrics.jsonl"
+    run_dir = tmp_path / "r"
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
+        while time.time() < deadline and latest_checkpoint(run_dir) is None:
             time.sleep(0.2)
-        assert len(read_metrics(metrics)) >= 5, "training did not start"
-        proc.send_signal(signal.SIGTERM)
+        assert latest_checkpoint(run_dir) is not None, "training did not reach a checkpoint"
+        proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, stderr[-3000:]  # not -15: the handler ran and the run unwound
-    assert "terminated (SIGTERM); what was written to the run directory is kept" in stderr
-    assert len(read_metrics(metrics)) >= 5
+    assert proc.returncode == 130, stderr[-3000:]  # not -2: the handler ran and the run unwound
+    assert "interrupted" in stderr and "what was written to the run directory is kept" in stderr
+    trained = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("train/loss") is not None]
+    last = int(latest_checkpoint(run_dir).name.removeprefix("step_"))
+    assert trained == list(range(1, max(trained) + 1)) and max(trained) >= last >= 2
+
+    resumed = tba("train", *args, f"--trainer.steps={last + 2}", "--run.resume=true", cache_dir=cache_dir, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and f"step {last}" in resumed.stderr
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if r.get("train/loss") is not None] == list(range(1, last + 3))
+    assert json.loads((run_dir / "summary.json").read_text())["trainer_steps"] == last + 2
+    assert (run_dir / "checkpoints" / f"step_{last + 2}" / "model.safetensors").is_file()
 
 
 def test_sigterm_is_remembered_even_if_its_exception_comes_back_as_a_plain_interrupt():
