@@ -105,6 +105,17 @@ def demo_cache(tmp_path_factory, request):
 TOOL_TEST_SPEC = TinySpec(max_positions=96, lr=1e-3, check_every=10, target_accuracy=0.05, validation_size=32)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _plans_for_an_idle_machine():
+    """Runs in the test process plan their threads for an idle machine: what the other test worker
+    keeps busy must not change them, nor so the numbers that tests compare between runs. Runs of the
+    command line measure the load, as a user's do; tests/test_threads.py describes loaded machines."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr("tba.hardware.busy_cores", lambda window_s=0.0: 0.0)
+    yield
+    patch.undo()
+
+
 def start_local_ray() -> None:
     """The test process's local Ray instance (2 CPUs), started on first use and kept until a test
     that does not ask for it (:func:`_ray_only_where_asked`): in-process runs join it (``run_ray``

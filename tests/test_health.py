@@ -74,11 +74,14 @@ def test_the_last_line_names_what_errors_log_holds(tmp_path):
     said: list[str] = []
     say_event(tmp_path, said.append, "evaluation fell below its start: 0.20 against 0.35")
     assert errors_log_contents(tmp_path / "errors.log") == (
-        "errors.log holds 1 notice(s) of the run (a searcher that died or came back, a fall below the start)"
+        "errors.log holds 1 notice(s) of the run (a searcher that died or came back, a fall below the start, "
+        "a slowdown)"
     )
     traceback = 'Traceback (most recent call last):\n  File "r.py", line 3\n\nValueError: picky'
     log_errors(tmp_path, [f"searcher 0, policy version 4: reward function picky failed\n{traceback}"])
     log_errors(tmp_path, [f"searcher 1, policy version -1: reward function other failed\n{traceback}"])
     said_now = errors_log_contents(tmp_path / "errors.log")
     assert said_now.startswith("errors.log holds 2 reward-function traceback(s) (the first of each failing function")
-    assert said_now.endswith("and 1 notice(s) of the run (a searcher that died or came back, a fall below the start)")
+    assert said_now.endswith(
+        "and 1 notice(s) of the run (a searcher that died or came back, a fall below the start, a slowdown)"
+    )

@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(cfg), end="")
         return 0
     if print_plan:  # the decisions tba train would take here, before anything loads
-        from tba.plan import make_plan
+        from tba.plan import plan_run
 
         try:
-            print("\n".join(make_plan(absolute_paths(cfg)).lines()))
+            print("\n".join(plan_run(absolute_paths(cfg))[1].lines()))
         except ConfigError as err:
             return report(err, debug)
         return 0

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.config import ConfigError
-from tba.machine import usable_cores
+from tba.machine import busy_cores, usable_cores
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -18,16 +18,26 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass(frozen=True)
 class Hardware:
     """What a run may use on this machine: CPU cores (those this process may run on: a container's or
-    ``taskset``'s limit), visible CUDA GPUs, and whether they do bfloat16."""
+    ``taskset``'s limit), visible CUDA GPUs, whether they do bfloat16, and how many of the cores'
+    worth other processes kept busy when the run started (``busy``)."""
 
     cpus: int
     gpus: int = 0
     bf16: bool = False
+    busy: float = 0.0
 
     @classmethod
-    def detect(cls) -> Hardware:
+    def detect(cls, load: bool = False) -> Hardware:
+        """This machine; with ``load``, also what other processes keep busy, watched for a moment
+        (:func:`tba.machine.busy_cores`, 0.3 s)."""
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return cls(cpus=usable_cores(), gpus=gpus, bf16=bool(gpus) and torch.cuda.is_bf16_supported())
+        bf16 = bool(gpus) and torch.cuda.is_bf16_supported()
+        return cls(cpus=usable_cores(), gpus=gpus, bf16=bf16, busy=round(busy_cores(), 2) if load else 0.0)
+
+    @property
+    def busy_cpus(self) -> int:
+        """The cores that other processes keep busy, counted whole (one kept 60% busy counts)."""
+        return min(self.cpus, int(self.busy + 0.5))
 
     @classmethod
     def of_device(cls, device: torch.device) -> Hardware:
@@ -41,7 +51,8 @@ class Hardware:
 
     def describe(self) -> str:
         gpus = "no GPU" if not self.gpus else f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}"
-        return f"{self.cpus} CPU core{'s' if self.cpus != 1 else ''}, {gpus}"
+        busy = f", {self.busy:.1f} of them busy with other processes" if self.busy_cpus else ""
+        return f"{self.cpus} CPU core{'s' if self.cpus != 1 else ''}{busy}, {gpus}"
 
 
 def resolve_device_name(name: str, hardware: Hardware) -> str:

@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -65,6 +66,59 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+BUSY_WINDOW_S = 0.3
+"""How long :func:`busy_cores` watches the machine before a run plans its threads."""
+
+
+def _cpu_ticks(stat: str, cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """``/proc/stat``'s text as ``{cpu: (busy ticks, all ticks)}`` for the CPUs in ``cpus``. Busy:
+    user, nice, system, irq, softirq and steal (time a hypervisor gave to another machine is time
+    this one could not run on)."""
+    out = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in (fields + ["0"] * 8)[:8])
+        busy = user + nice + system + irq + softirq + steal
+        out[int(name[3:])] = (busy, busy + idle + iowait)
+    return out
+
+
+def busy_between(before: str, after: str, cpus: set[int], own_ticks: int = 0) -> float:
+    """The cores' worth of time that other processes took on ``cpus`` between two readings of
+    ``/proc/stat`` (``before``, ``after``), less ``own_ticks``: this process's own CPU time in
+    between, in the same clock ticks. 1.0: one core kept busy throughout."""
+    a, b = _cpu_ticks(before, cpus), _cpu_ticks(after, cpus)
+    busy = elapsed = 0.0
+    for cpu in a.keys() & b.keys():
+        ticks = b[cpu][1] - a[cpu][1]
+        if ticks > 0:
+            busy += b[cpu][0] - a[cpu][0]
+            elapsed = max(elapsed, ticks)
+    if not elapsed:
+        return 0.0
+    return max(0.0, (busy - own_ticks) / elapsed)
+
+
+def busy_cores(window_s: float = BUSY_WINDOW_S) -> float:
+    """The cores' worth of CPU that other processes keep busy among those this process may use,
+    watched for ``window_s`` seconds (0.0 where ``/proc/stat`` cannot be read)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+    def own() -> int:  # this process's user + system time, in clock ticks
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    try:
+        before, own_before = Path("/proc/stat").read_text(), own()
+        time.sleep(window_s)
+        after, own_after = Path("/proc/stat").read_text(), own()
+    except OSError:
+        return 0.0
+    return busy_between(before, after, cpus, own_after - own_before)
 
 
 def gpus() -> list[dict]:

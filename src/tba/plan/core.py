@@ -37,9 +37,8 @@ from tba.plan.placement import (
     actor_gpu_shares,
     local_ray_gpus,
     oversubscription,
+    planned_threads,
     rank_cpus,
-    searcher_cpus,
-    trainer_threads,
 )
 from tba.weights.transports import transport, weight_transport
 
@@ -166,6 +165,8 @@ class Plan:
             )
         elif self.extra_lag:
             out.append(f"  searcher weights exactly {self.extra_lag} step(s) old (runtime.extra_lag)")
+        if self.runtime == "sync" and self.trainer_threads:
+            out.append(f"  threads: {self.trainer_threads} (generation and training in turns)")
         band = self.objective
         if self.objective == "tb":
             band = "plain TB" if self.trust_region is None else f"TB with the sequence band {self.trust_region:g}"
@@ -295,7 +296,7 @@ def plan_run(cfg: Config, runtime: str | None = None, hardware: Hardware | None 
     :func:`make_plan`'s rule, the one place it is), so that the objective, the buffer and the
     trainer read the runtime that runs. Given ``runtime`` (``sync`` or ``ray``: the entry point that
     was called), a config that names, or resolves to, the other runtime is refused."""
-    hw = hardware or Hardware.detect()
+    hw = hardware or Hardware.detect(load=True)  # (a run's threads leave busy cores alone)
     resolved = _resolve_runtime(cfg, hw)
     if runtime is not None and resolved.runtime.type != runtime:
         how = (
@@ -346,9 +347,9 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         )
     if ray_runtime and r.max_lag == "auto":
         why["lag_bound"] = f"4 x trainer.sync_interval ({cfg.trainer.sync_interval})"
-    threads = cfg.run.threads or (trainer_threads(cfg, hw.cpus) if ray_runtime else None)
-    if ray_runtime and not cfg.run.threads and not r.trainer_cpus:
-        why["trainer_threads"] = f"the {hw.cpus} core(s) less the searchers' {searcher_cpus(cfg):g}"
+    threads, why["trainer_threads"] = planned_threads(cfg, hw, ray_runtime)
+    if why["trainer_threads"] is None:
+        del why["trainer_threads"]
     ranks = cfg.trainer.num_ranks > 1
     rank_share = rank_cpus(cfg, hw.cpus) if ranks else None
     rank_threads = max(1, int(rank_share)) if rank_share else None

@@ -1,11 +1,14 @@
 """Where each process of a run sits: the CPU threads and GPU shares of the trainer, its ranks, the
 searchers and the evaluation actor, and whether together they ask for more cores than the machine
-has. The run plan (:func:`tba.plan.core.make_plan`) calls these; they load nothing.
+has. The run plan (:func:`tba.plan.core.make_plan`) calls these; they load nothing but a resumed
+run's saved plan.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from tba.config import Config, ConfigError
 from tba.hardware import Hardware
@@ -38,6 +41,49 @@ def trainer_threads(cfg: Config, cpus: int) -> int:
     if cfg.trainer.num_ranks > 1:  # the ranks train; this process evaluates and saves
         taken += cfg.trainer.num_ranks * rank_cpus(cfg, cpus)
     return max(1, int(cpus - taken))
+
+
+def planned_threads(cfg: Config, hw: Hardware, ray_runtime: bool) -> tuple[int | None, str | None]:
+    """The torch threads of the ``tba train`` process (None: torch's default, every usable core) and
+    why, where the plan chose them. ``run.threads`` if set. A resumed run keeps the threads it
+    started with (:func:`started_threads`): the count changes how sums round, and so every number
+    after. The ray runtime's trainer gets the cores that its searchers leave (:func:`trainer_threads`).
+    Cores that other processes keep busy at the start are left to them: on 2 cores beside one busy
+    process, torch's two threads wait on each other through its time slices, and the demo ran 13x
+    slower than alone (benchmarks/results/load)."""
+    if cfg.run.threads:
+        return cfg.run.threads, None
+    started = started_threads(cfg)
+    if started != "unknown":
+        return started, "as the run started: a resumed run keeps its threads, which decide how its sums round"
+    busy, free = hw.busy_cpus, max(1, hw.cpus - hw.busy_cpus)
+    others = f"the {busy} kept busy by other processes at the start" if busy else ""
+    if ray_runtime:
+        if cfg.runtime.trainer_cpus:
+            return cfg.runtime.trainer_cpus, None
+        if cfg.runtime.address:
+            less = f", less {others}" if busy else ""
+            return trainer_threads(cfg, free), f"the {hw.cpus} local core(s){less}: searchers may run elsewhere"
+        less = f"the searchers' {searcher_cpus(cfg):g}" + (f" and {others}" if busy else "")
+        return trainer_threads(cfg, free), f"the {hw.cpus} core(s) less {less}"
+    if not busy:
+        return None, None
+    return (
+        free,
+        f"the {hw.cpus} core(s) less {others}: threads that share a core with another process wait on each other",
+    )
+
+
+def started_threads(cfg: Config) -> int | None | str:
+    """With ``run.resume``, the threads its run directory's plan gave the run (None: torch's
+    default); ``"unknown"`` for a new run or a directory without a plan."""
+    if not cfg.run.resume:
+        return "unknown"
+    try:
+        saved = json.loads((Path(cfg.run.output_dir) / cfg.run.name / "plan.json").read_text())
+    except (OSError, ValueError):
+        return "unknown"
+    return saved.get("trainer_threads", "unknown")
 
 
 def share_of(actors: int, gpus: float, with_trainer: bool) -> float:

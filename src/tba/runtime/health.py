@@ -131,3 +131,45 @@ class FallWatch:
             f"step {step}: {name} {show(float(value))} is below the start ({show(self.initial)}){preceded}. "
             f"The run goes on. {self.advice}"
         )
+
+
+class SlowdownWatch:
+    """Watches the time of a run's steps (generation and training) for the moment they become
+    several times slower than at the start, which on a CPU is most often another process taking the
+    cores that the run's threads were planned on (the plan leaves alone those busy at the start:
+    :func:`tba.plan.placement.planned_threads`). Says so once, with the cores busy now and the
+    setting that leaves them alone. ``measure``: the cores' worth that other processes keep busy
+    (:func:`tba.machine.busy_cores`), asked only when the steps have slowed."""
+
+    def __init__(self, cpus: int, threads: int | None, measure, factor: float = 3.0, start: int = 20, recent: int = 5):
+        self.cpus, self.threads, self.measure = cpus, threads, measure
+        self.factor, self.start, self.recent = factor, start, recent
+        self.times: list[float] = []
+        self.said = False
+
+    def observe(self, seconds: float) -> str | None:
+        """``seconds``: one step's; a message the first time the median of the last ``recent`` steps
+        is ``factor`` times that of the first ``start`` (after three to warm up), else None."""
+        if self.said:
+            return None
+        self.times.append(seconds)
+        first = self.times[3 : 3 + self.start]
+        if len(self.times) < 3 + self.start + self.recent:
+            return None
+        then, now = statistics.median(first), statistics.median(self.times[-self.recent :])
+        if not then > 0 or now < self.factor * then:
+            return None
+        self.said = True
+        busy = min(self.cpus, int(self.measure() + 0.5))
+        threads = "torch's default threads" if self.threads is None else f"{self.threads} thread(s)"
+        if busy:
+            free = max(1, self.cpus - busy)
+            advice = (
+                f"{busy} of this machine's {self.cpus} core(s) are busy with other processes now, and the run "
+                f"planned {threads} at the start. Threads that share a core with another process wait on "
+                f"each other: stop the run and continue it with --run.resume=true --run.threads={free}, or "
+                "free the cores."
+            )
+        else:
+            advice = "No other process keeps a core busy now; the slowdown may have passed."
+        return f"steps take {now / then:.1f}x as long as at the start ({now:.2f} s against {then:.2f} s). {advice}"

@@ -90,7 +90,8 @@ def say_event(run_dir: Path, log, message: str) -> None:
 def errors_log_contents(path: Path) -> str:
     """What ``errors.log`` holds, in words: the reward functions' first tracebacks (written by
     :func:`log_errors`, one per failing function and searcher, their samples skipped and counted)
-    and the run's notices (:func:`say_event`: a searcher's death or return, a fall below the start)."""
+    and the run's notices (:func:`say_event`: a searcher's death or return, a fall below the start,
+    steps slowed by other processes)."""
     lines = path.read_text().splitlines()
     tracebacks = sum(1 for line in lines if re.match(r"searcher \d+, policy version -?\d+: ", line))
     notices = sum(1 for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line))
@@ -101,7 +102,9 @@ def errors_log_contents(path: Path) -> str:
             "were skipped and counted in searcher/reward_errors)"
         )
     if notices:
-        parts.append(f"{notices} notice(s) of the run (a searcher that died or came back, a fall below the start)")
+        parts.append(
+            f"{notices} notice(s) of the run (a searcher that died or came back, a fall below the start, a slowdown)"
+        )
     return "errors.log holds " + (" and ".join(parts) if parts else "nothing the run wrote")
 
 

@@ -20,12 +20,13 @@ from rich.console import Console
 from tba.buffer import BufferTooSmall, fresh_batch
 from tba.config import Config, absolute_paths
 from tba.console import RunDisplay
+from tba.machine import busy_cores
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plan import Plan, plan_run
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import ray_session
-from tba.runtime.health import FallWatch, remedy
+from tba.runtime.health import FallWatch, SlowdownWatch, remedy
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.run_dir import open_run, resume, save
 
@@ -78,6 +79,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
     watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
+    slowdown = SlowdownWatch(c.plan.hardware.cpus, c.plan.trainer_threads, busy_cores)
     peak = PeakMemory(trainer.device)
     step_peak = 0.0  # GiB: the highest peak of the trainer's steps since the last log
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
@@ -104,8 +106,9 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             record.update(searcher.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
-            if message := watch.observe(step, record):  # on the console even when quiet
-                say_event(run_dir, lambda m: console.print(m, highlight=False, markup=False), message)
+            for message in (watch.observe(step, record), slowdown.observe(gen_s + record.get("train/step_s", 0.0))):
+                if message:  # on the console even when quiet
+                    say_event(run_dir, lambda m: console.print(m, highlight=False, markup=False), message)
             if step % cfg.logging.every == 0 or key in record:
                 record["train/peak_memory_gb"], step_peak = step_peak, 0.0  # since the previous log
                 metrics.log(step, record)

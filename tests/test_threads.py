@@ -1,0 +1,123 @@
+"""Threads from what the machine can give: the cores that other processes keep busy at the start
+are left to them (read from /proc/stat), a resumed run keeps the threads it started with, and a
+run whose steps slow down several times over says so once. Machines are described, never timed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tba.config import load_config
+from tba.machine import busy_between
+from tba.plan import Hardware, make_plan
+from tba.runtime.health import SlowdownWatch
+
+
+def plan(overrides: list[str], hardware: Hardware):
+    return make_plan(load_config(None, overrides), hardware)
+
+
+SYNC, RAY = ["--runtime.type=sync"], ["--runtime.type=ray"]
+
+
+@pytest.mark.parametrize(
+    ("machine", "sync_threads", "ray_trainer_threads"),
+    [
+        (Hardware(cpus=2), None, 1),  # idle: torch's default (every core) in turns; a core each side by side
+        (Hardware(cpus=2, busy=1.0), 1, 1),  # one core busy: the other one
+        (Hardware(cpus=2, busy=0.3), None, 1),  # a little background work is not a core
+        (Hardware(cpus=2, busy=2.0), 1, 1),  # every core busy: one thread still
+        (Hardware(cpus=1), None, 1),  # limited by affinity (taskset, a container): what torch takes there
+        (Hardware(cpus=8, busy=2.6), 5, 4),  # 2.6 cores' worth counts as 3; ray: and the searcher's 1
+    ],
+    ids=["idle", "one-busy", "background", "all-busy", "affinity-1", "8-cores-2.6-busy"],
+)
+def test_threads_leave_the_busy_cores_to_other_processes(machine, sync_threads, ray_trainer_threads):
+    p = plan(SYNC, machine)
+    assert p.trainer_threads == sync_threads
+    if machine.busy_cpus:
+        assert f"less the {machine.busy_cpus} kept busy by other processes" in p.why["trainer_threads"]
+        assert f"  threads: {sync_threads} (generation and training in turns)" in p.lines()
+        assert f"{machine.busy:.1f} of them busy with other processes" in p.lines()[0]
+    else:
+        assert "trainer_threads" not in p.why
+    r = plan(RAY, machine)
+    assert (r.trainer_threads, r.searcher_threads) == (ray_trainer_threads, 1)
+    assert ("kept busy" in r.why["trainer_threads"]) == bool(machine.busy_cpus)
+
+
+def test_threads_set_by_the_user_are_kept_whatever_the_load():
+    loaded = Hardware(cpus=2, busy=1.0)
+    assert plan([*SYNC, "--run.threads=2"], loaded).trainer_threads == 2
+    assert plan([*RAY, "--runtime.trainer_cpus=2"], loaded).trainer_threads == 2
+    assert "trainer_threads" not in plan([*SYNC, "--run.threads=2"], loaded).why
+
+
+@pytest.mark.parametrize("started", [None, 1])
+def test_a_resumed_run_keeps_the_threads_it_started_with(tmp_path, started):
+    """The count decides how sums round, so a resume on a machine whose load changed keeps its own."""
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "plan.json").write_text(json.dumps({"trainer_threads": started}))
+    where = [f"--run.output_dir={tmp_path}", "--run.name=r"]
+    for machine in (Hardware(cpus=2), Hardware(cpus=2, busy=1.0)):
+        p = plan([*SYNC, *where, "--run.resume=true"], machine)
+        assert p.trainer_threads == started and "as the run started" in p.why["trainer_threads"]
+    assert plan([*SYNC, *where, "--run.resume=true", "--run.threads=2"], Hardware(cpus=2)).trainer_threads == 2
+    # a new run in another directory plans for the machine as it finds it
+    assert (
+        plan([*SYNC, f"--run.output_dir={tmp_path}", "--run.name=new"], Hardware(cpus=2, busy=1.0)).trainer_threads == 1
+    )
+
+
+STAT = """cpu  {all}
+cpu0 {a} 0 {b} {idle0} 0 0 0 {steal0} 0 0
+cpu1 {c} 0 0 {idle1} 0 0 0 0 0 0
+cpu2 900 0 0 100 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def stat(a, b, idle0, steal0, c, idle1) -> str:
+    return STAT.format(all="0 0 0 0 0 0 0 0 0 0", a=a, b=b, idle0=idle0, steal0=steal0, c=c, idle1=idle1)
+
+
+def test_busy_cores_are_read_from_two_readings_of_proc_stat():
+    before = stat(a=1000, b=200, idle0=5000, steal0=0, c=100, idle1=8000)
+    # 30 ticks later: cpu0 busy throughout (20 user, 5 system, 5 steal), cpu1 idle; cpu2 is not ours
+    after = stat(a=1020, b=205, idle0=5000, steal0=5, c=100, idle1=8030)
+    assert busy_between(before, after, {0, 1}) == pytest.approx(1.0)
+    assert busy_between(before, after, {1}) == 0.0
+    # this process's own 15 ticks in the window are not another's
+    assert busy_between(before, after, {0, 1}, own_ticks=15) == pytest.approx(0.5)
+    assert busy_between(before, after, {0, 1}, own_ticks=60) == 0.0
+    assert busy_between(before, before, {0, 1}) == 0.0  # no time passed: nothing to say
+    assert Hardware(cpus=2, busy=0.49).busy_cpus == 0 and Hardware(cpus=2, busy=0.6).busy_cpus == 1
+    assert Hardware(cpus=2, busy=3.0).busy_cpus == 2
+
+
+def test_a_run_whose_steps_slow_down_says_so_once_with_the_setting_that_helps():
+    asked = []
+
+    def measure() -> float:
+        asked.append(True)
+        return 1.0
+
+    watch = SlowdownWatch(cpus=2, threads=None, measure=measure)
+    said = [watch.observe(0.2) for _ in range(30)]  # 3 to warm up, 20 to learn the pace, then steady
+    said += [watch.observe(s) for s in (0.3, 0.5, 0.8, 0.8, 0.9, 0.9, 0.9, 1.0, 1.0)]
+    messages = [(i, m) for i, m in enumerate(said) if m]
+    assert len(messages) == 1 and len(asked) == 1  # once; the load asked for only then
+    i, message = messages[0]
+    assert i == 30 + 4  # the median of the last 5 steps (0.8 s) is at least 3x the first 20's (0.2 s)
+    assert message.startswith("steps take 4.0x as long as at the start (0.80 s against 0.20 s)")
+    assert "1 of this machine's 2 core(s) are busy" in message and "torch's default threads" in message
+    assert "--run.resume=true --run.threads=1" in message
+
+
+def test_a_slowdown_under_the_factor_or_with_idle_cores_gives_no_remedy():
+    watch = SlowdownWatch(cpus=2, threads=1, measure=lambda: 0.0)
+    assert not any(watch.observe(s) for s in [0.2] * 23 + [0.5] * 20)  # 2.5x: not yet
+    watch = SlowdownWatch(cpus=2, threads=1, measure=lambda: 0.0)
+    said = [m for m in (watch.observe(s) for s in [0.2] * 23 + [1.0] * 5) if m]
+    assert len(said) == 1 and "No other process keeps a core busy now" in said[0]
