@@ -17,7 +17,10 @@ class RunConfig(Section):
     seed: int = 0
     """Seed for torch, numpy and Python's random (data order, sampling, initialisation)."""
     threads: int | None = None
-    """torch CPU threads for this process; default: what torch picks (all cores)."""
+    """torch CPU threads for this process; default: the run plan's. The sync runtime: every usable
+    core (torch's default) less those that other processes keep busy when the run starts; the ray
+    runtime's trainer: the cores its searchers leave, less the busy ones; a resumed run: the
+    threads it started with (the count decides how sums round)."""
     device: str = "auto"
     """``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
     resume: bool = False
