@@ -281,14 +281,14 @@ def test_the_ray_runtime_trains_with_vllm_searchers_on_published_weights(tmp_pat
         assert last["weights/broadcasts"] > 0 and last["weights/fallbacks"] == 0
 
 
-def test_vllm_backend_with_an_unsupported_head_size_stops_before_the_run_directory(tmp_path, tiny_checkpoint):
+def test_vllm_backend_with_an_unsupported_head_size_stops_before_the_run_directory(tmp_path, tiny_checkpoint, capsys):
     if not HAS_VLLM:
         pytest.skip("with vLLM missing the run stops earlier, at the install message (tested above)")
-    env = {**os.environ, "TERM": "dumb"}
-    cmd = [sys.executable, "-m", "tba", "train", f"--model.policy={tiny_checkpoint}", "--generation.backend=vllm"]
-    cmd += ["--task.digits=1", "--task.eval_size=4", f"--run.output_dir={tmp_path}", "--run.name=h"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 2 and "heads of size 16" in proc.stderr, proc.stderr[-2000:]
+    from tba.cli import main
+
+    args = [f"--model.policy={tiny_checkpoint}", "--generation.backend=vllm", "--task.digits=1", "--task.eval_size=4"]
+    assert main(["train", *args, f"--run.output_dir={tmp_path}", "--run.name=h"]) == 2  # (vLLM is not imported)
+    assert "heads of size 16" in capsys.readouterr().err
     assert not (tmp_path / "h").exists()
 
 
@@ -328,15 +328,17 @@ def test_an_evaluation_on_the_searchers_engine_sees_the_trainers_weights_and_han
 
 
 @needs_vllm
-def test_an_engine_that_cannot_start_is_one_line_exit_2_and_no_run_directory(tmp_path, demo_cache):
-    # (in the ray runtime the searcher raises the same error in its start, and the driver finds it in
-    # Ray's text: the next test, and test_ray_runtime.py's searcher that cannot load its model, end to end)
-    proc, run_dir = train(tmp_path, demo_cache, "--runtime.type=sync", "--generation.vllm.kv_cache_gb=1e-6")
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("tba: ")]
-    assert proc.returncode == 2, proc.stderr[-3000:]
+def test_an_engine_that_cannot_start_is_one_line_exit_2_and_no_run_directory(every_check):
+    """``tba train`` in the sync runtime whose engine has no memory for its cache (vllm_checks.py, in
+    the checks' process). In the ray runtime the searcher raises the same error in its start, and the
+    driver finds it in Ray's text: the next test, and test_ray_runtime.py's searcher that cannot load
+    its model, end to end."""
+    result = check_result(every_check, "engine_cannot_start")
+    lines = [line for line in result["stderr"].splitlines() if line.startswith("tba: ")]
+    assert result["status"] == 2, result["stderr"]
     assert len(lines) == 1 and "the vLLM engine did not start" in lines[0] and "generation.vllm.kv_cache_gb" in lines[0]
-    assert "Traceback" not in proc.stderr.split(lines[0])[-1]
-    assert not run_dir.exists()
+    assert "Traceback" not in result["stderr"].split(lines[0])[-1]
+    assert not result["run_dir_exists"]
 
 
 def test_a_user_error_in_a_searchers_start_is_found_in_rays_traceback_text():

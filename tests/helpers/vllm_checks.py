@@ -7,7 +7,8 @@ session must not inherit. Prints one JSON object of measurements on its last lin
     python tests/helpers/vllm_checks.py --all MODEL_DIR CHAT_MODEL_DIR [TRAIN_ARGS...]   # every check, one process
 
 ``TRAIN_ARGS``: ``tba train``'s arguments for a sync run with a vLLM engine that ``--all`` makes
-last, then evaluates with ``tba eval`` (:func:`sync_run`).
+last, then evaluates with ``tba eval`` (:func:`sync_run`), and starts once more with an engine that
+cannot start (:func:`engine_cannot_start`).
 """
 
 from __future__ import annotations
@@ -318,6 +319,24 @@ def sync_run(train_args: list[str]) -> dict:
     return out
 
 
+def engine_cannot_start(train_args: list[str]) -> dict:
+    """``tba train *train_args`` as run ``f`` with an engine that cannot start (no memory for its
+    cache), through the command line's entry point: its exit status, stderr, and whether the run
+    directory exists."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from tba.cli import main as tba
+
+    args = [a for a in train_args if not a.startswith("--run.name=")] + ["--run.name=f"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = tba(["train", *args, "--generation.vllm.kv_cache_gb=1e-6"])
+    (out,) = [a.split("=", 1)[1] for a in train_args if a.startswith("--run.output_dir=")]
+    return {"status": status, "stderr": err.getvalue()[-5000:], "run_dir_exists": (Path(out) / "f").exists()}
+
+
 def every_check(path: str, chat_path: str, train_args: list[str] | None = None) -> dict:
     """Every check above in this one process, one engine after another (vLLM's import alone takes
     seconds): ``{name: its measurements}``, or ``{name: {"error": traceback}}`` for a check that
@@ -331,6 +350,7 @@ def every_check(path: str, chat_path: str, train_args: list[str] | None = None) 
         ("lora", lora, path),
         ("chat", chat, chat_path),
         *([("sync_run", sync_run, train_args)] if train_args else []),
+        *([("engine_cannot_start", engine_cannot_start, train_args)] if train_args else []),
     ):
         try:
             out[name] = check(where)
