@@ -150,10 +150,20 @@ def ray_cpus(_ray_for_the_session, demo_cache):
 )
 def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
     """One step from the same weights: the ranks add the groups' gradients in another order, so
-    every number is the 1-rank trainer's up to reordering the batch's token sums (``tokens``)."""
+    every number is the 1-rank trainer's up to reordering the batch's token sums (``tokens``). On
+    the same rank group: the state before any step, and for the full model a resume from step 1
+    after step 2 (bit-exact) and a skipped step."""
     one, m1 = train_on_ranks(ray_cpus, 1, extra, steps=1)
-    two, m2 = train_on_ranks(ray_cpus, 2, extra, steps=1)
+    two, _ = train_on_ranks(ray_cpus, 2, extra, steps=0)
     try:
+        first = two.buffer.sample(6, two.trainer.group_size)  # the draw train_on_ranks steps on
+        # before any step there is no optimizer state, and loading none makes none up (torch's
+        # get/set_optimizer_state_dict would take a step of lr 0, so the first real one counts twice)
+        fresh = two.trainer.state_dict()
+        assert fresh["optimizer"] == {} and fresh["stepped"] is False
+        two.trainer.load_state_dict(fresh)
+        assert two.trainer.state_dict()["stepped"] is False
+        m2 = [two.trainer.step(first)]
         batch = one.buffer.sample(6, one.trainer.group_size)
         tokens = batch_tokens(batch)
         for key in ("train/loss", "train/grad_norm", "train/reward_mean", "train/kl", "train/lr"):
@@ -192,55 +202,40 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
             if p.requires_grad:
                 moved_apart = (p.detach().double() - ones[name].detach().double()).abs()
                 assert (moved_apart <= adam_first_step_tolerance(grads[name], ones[name], lr, tokens)).all(), name
-        # a second step runs on the ranks' updated weights
-        assert all(math.isfinite(v) for v in two.trainer.step(batch).values())
+        if not extra:  # (a resume on the full model; the other settings change the step, checked above)
+            state = copy.deepcopy(two.trainer.state_dict())  # a checkpoint after step 1
+            weights = {k: v.clone() for k, v in two.policy.state_dict().items()}
+            # a second step runs on the ranks' updated weights
+            ma = two.trainer.step(batch)
+            assert all(math.isfinite(v) for v in ma.values())
+            pa = {k: v.clone() for k, v in two.trainer.published_state().items()}
+            # a resume: back to step 1 on ranks whose weights and moments have moved on (the checkpoint's
+            # weights first, as resume() loads them), and the second step again, bit for bit
+            two.policy.load_state_dict(weights)
+            two.trainer.load_state_dict(state)
+            two.trainer.weights = LocalWeightStore()  # a resumed run's: nothing published yet
+            assert two.trainer.version == 1
+            after = two.trainer.state_dict()
+            for name, moments in state["optimizer"]["state"].items():
+                for key, value in moments.items():
+                    torch.testing.assert_close(after["optimizer"]["state"][name][key], value, rtol=0, atol=0)
+            assert after["scheduler"] == state["scheduler"]
+            mb = two.trainer.step(batch)
+            assert mb["train/loss"] == ma["train/loss"]  # the same state, batch and ranks: bit-exact by design
+            pb = two.trainer.published_state()
+            assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+            # a step with nothing to train on: every rank's schedule moves on, no weight does
+            epoch = two.trainer.state_dict()["scheduler"]["last_epoch"]
+            skipped = two.trainer.skip()
+            assert two.trainer.version == 3 and skipped["train/skipped_steps"] == skipped["train/empty_steps"] == 1.0
+            after = two.trainer.state_dict()
+            assert after["scheduler"]["last_epoch"] == epoch + 1 and after["empty_steps"] == 1
+            assert all(torch.equal(two.trainer.published_state()[k], pb[k]) for k in pb)
         # a one-rank trainer's state is not resumed by two ranks: the message names the setting
         with pytest.raises(CheckpointError, match="--trainer.num_ranks=1"):
             two.trainer.load_state_dict(one.trainer.state_dict())
     finally:
         two.trainer.updates.close()
-
-
-def test_resumed_ranks_continue_with_the_same_optimizer_state(ray_cpus):
-    a, _ = train_on_ranks(ray_cpus, 2, [], steps=0)
-    try:
-        # before any step there is no optimizer state, and loading none makes none up (torch's
-        # get/set_optimizer_state_dict would take a step of lr 0, so the first real one counts twice)
-        fresh = a.trainer.state_dict()
-        assert fresh["optimizer"] == {} and fresh["stepped"] is False
-        a.trainer.load_state_dict(fresh)
-        assert a.trainer.state_dict()["stepped"] is False
-        batch = a.buffer.sample(6, 8)
-        a.trainer.step(batch)
-        a.trainer.sync_policy()
-        state = copy.deepcopy(a.trainer.state_dict())  # a checkpoint after step 1
-        weights = {k: v.clone() for k, v in a.policy.state_dict().items()}
-        ma = a.trainer.step(batch)
-        pa = {k: v.clone() for k, v in a.trainer.published_state().items()}
-        # back to step 1 on ranks whose weights and moments have moved on: what resume() does, the
-        # checkpoint's weights first
-        a.policy.load_state_dict(weights)
-        a.trainer.load_state_dict(state)
-        a.trainer.weights = LocalWeightStore()  # a resumed run's: nothing published yet
-        assert a.trainer.version == 1
-        after = a.trainer.state_dict()
-        for name, moments in state["optimizer"]["state"].items():
-            for key, value in moments.items():
-                torch.testing.assert_close(after["optimizer"]["state"][name][key], value, rtol=0, atol=0)
-        assert after["scheduler"] == state["scheduler"]
-        mb = a.trainer.step(batch)
-        assert mb["train/loss"] == ma["train/loss"]  # the same state, batch and ranks: bit-exact by design
-        pb = a.trainer.published_state()
-        assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
-        # a step with nothing to train on: every rank's schedule moves on, no weight does
-        epoch = a.trainer.state_dict()["scheduler"]["last_epoch"]
-        skipped = a.trainer.skip()
-        assert a.trainer.version == 3 and skipped["train/skipped_steps"] == skipped["train/empty_steps"] == 1.0
-        after = a.trainer.state_dict()
-        assert after["scheduler"]["last_epoch"] == epoch + 1 and after["empty_steps"] == 1
-        assert all(torch.equal(a.trainer.published_state()[k], pb[k]) for k in pb)
-    finally:
-        a.trainer.updates.close()
 
 
 # ------------------------------------------------------------------ whole runs

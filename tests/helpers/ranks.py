@@ -33,6 +33,7 @@ def train_on_ranks(cache, ranks: int, extra: list[str], steps: int = 2):
     seed_everything(cfg.run.seed)  # as a run does: the same LoRA initialisation for 1 and 2 ranks
     c = components(cfg, log=lambda m: None, with_searcher=False)
     c.trainer.ingest(synthetic_groups(c.tokenizer, n_prompts=6, k=cfg.generation.group_size))
+    if not steps:  # the buffer not drawn from yet: the caller's first draw is the batch steps would take
+        return c, []
     batch = c.buffer.sample(6, cfg.generation.group_size)
-    metrics = [c.trainer.step(batch) for _ in range(steps)]
-    return c, metrics
+    return c, [c.trainer.step(batch) for _ in range(steps)]
