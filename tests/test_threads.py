@@ -103,7 +103,7 @@ def test_a_run_whose_steps_slow_down_says_so_once_with_the_setting_that_helps():
         asked.append(True)
         return 1.0
 
-    watch = SlowdownWatch(cpus=2, threads=None, measure=measure)
+    watch = SlowdownWatch(Hardware(cpus=2), threads=None, measure=measure)
     said = [watch.observe(0.2) for _ in range(30)]  # 3 to warm up, 20 to learn the pace, then steady
     said += [watch.observe(s) for s in (0.3, 0.5, 0.8, 0.8, 0.9, 0.9, 0.9, 1.0, 1.0)]
     messages = [(i, m) for i, m in enumerate(said) if m]
@@ -116,8 +116,8 @@ def test_a_run_whose_steps_slow_down_says_so_once_with_the_setting_that_helps():
 
 
 def test_a_slowdown_under_the_factor_or_with_idle_cores_gives_no_remedy():
-    watch = SlowdownWatch(cpus=2, threads=1, measure=lambda: 0.0)
+    watch = SlowdownWatch(Hardware(cpus=2), threads=1, measure=lambda: 0.0)
     assert not any(watch.observe(s) for s in [0.2] * 23 + [0.5] * 20)  # 2.5x: not yet
-    watch = SlowdownWatch(cpus=2, threads=1, measure=lambda: 0.0)
+    watch = SlowdownWatch(Hardware(cpus=2), threads=1, measure=lambda: 0.0)
     said = [m for m in (watch.observe(s) for s in [0.2] * 23 + [1.0] * 5) if m]
     assert len(said) == 1 and "No other process keeps a core busy now" in said[0]

@@ -53,8 +53,8 @@ def planned_threads(cfg: Config, hw: Hardware, ray_runtime: bool) -> tuple[int |
     slower than alone (benchmarks/results/load)."""
     if cfg.run.threads:
         return cfg.run.threads, None
-    started = started_threads(cfg)
-    if started != "unknown":
+    known, started = started_threads(cfg)
+    if known:
         return started, "as the run started: a resumed run keeps its threads, which decide how its sums round"
     busy, free = hw.busy_cpus, max(1, hw.cpus - hw.busy_cpus)
     others = f"the {busy} kept busy by other processes at the start" if busy else ""
@@ -74,16 +74,17 @@ def planned_threads(cfg: Config, hw: Hardware, ray_runtime: bool) -> tuple[int |
     )
 
 
-def started_threads(cfg: Config) -> int | None | str:
-    """With ``run.resume``, the threads its run directory's plan gave the run (None: torch's
-    default); ``"unknown"`` for a new run or a directory without a plan."""
+def started_threads(cfg: Config) -> tuple[bool, int | None]:
+    """With ``run.resume``, whether its run directory's plan says which threads the run started
+    with, and those (None: torch's default); ``(False, None)`` for a new run or a directory
+    without a plan."""
     if not cfg.run.resume:
-        return "unknown"
+        return False, None
     try:
-        saved = json.loads((Path(cfg.run.output_dir) / cfg.run.name / "plan.json").read_text())
+        saved = json.loads((Path(cfg.run.output_dir).expanduser() / cfg.run.name / "plan.json").read_text())
     except (OSError, ValueError):
-        return "unknown"
-    return saved.get("trainer_threads", "unknown")
+        return False, None
+    return "trainer_threads" in saved, saved.get("trainer_threads")
 
 
 def share_of(actors: int, gpus: float, with_trainer: bool) -> float:

@@ -6,11 +6,16 @@ interval, while the run goes on."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tba.metrics import read_metrics
+
+if TYPE_CHECKING:
+    from tba.hardware import Hardware
 
 # the training signals that preceded a fall, as (metric, label, how the interval is summarised)
 SIGNALS = (
@@ -138,11 +143,14 @@ class SlowdownWatch:
     several times slower than at the start, which on a CPU is most often another process taking the
     cores that the run's threads were planned on (the plan leaves alone those busy at the start:
     :func:`tba.plan.placement.planned_threads`). Says so once, with the cores busy now and the
-    setting that leaves them alone. ``measure``: the cores' worth that other processes keep busy
-    (:func:`tba.machine.busy_cores`), asked only when the steps have slowed."""
+    setting that leaves them alone. ``hardware``: the plan's (its cores; the busy ones are counted
+    whole as there: :attr:`tba.hardware.Hardware.busy_cpus`); ``measure``: the cores' worth that
+    other processes keep busy (:func:`tba.machine.busy_cores`), asked only when the steps have slowed."""
 
-    def __init__(self, cpus: int, threads: int | None, measure, factor: float = 3.0, start: int = 20, recent: int = 5):
-        self.cpus, self.threads, self.measure = cpus, threads, measure
+    def __init__(
+        self, hardware: Hardware, threads: int | None, measure, factor: float = 3.0, start: int = 20, recent: int = 5
+    ):
+        self.hardware, self.threads, self.measure = hardware, threads, measure
         self.factor, self.start, self.recent = factor, start, recent
         self.times: list[float] = []
         self.said = False
@@ -160,12 +168,13 @@ class SlowdownWatch:
         if not then > 0 or now < self.factor * then:
             return None
         self.said = True
-        busy = min(self.cpus, int(self.measure() + 0.5))
+        now_busy = dataclasses.replace(self.hardware, busy=self.measure())
+        busy, cpus = now_busy.busy_cpus, now_busy.cpus
         threads = "torch's default threads" if self.threads is None else f"{self.threads} thread(s)"
         if busy:
-            free = max(1, self.cpus - busy)
+            free = max(1, cpus - busy)
             advice = (
-                f"{busy} of this machine's {self.cpus} core(s) are busy with other processes now, and the run "
+                f"{busy} of this machine's {cpus} core(s) are busy with other processes now, and the run "
                 f"planned {threads} at the start. Threads that share a core with another process wait on "
                 f"each other: stop the run and continue it with --run.resume=true --run.threads={free}, or "
                 "free the cores."

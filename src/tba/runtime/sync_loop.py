@@ -79,7 +79,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
     watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
-    slowdown = SlowdownWatch(c.plan.hardware.cpus, c.plan.trainer_threads, busy_cores)
+    slowdown = SlowdownWatch(c.plan.hardware, c.plan.trainer_threads, busy_cores)
     peak = PeakMemory(trainer.device)
     step_peak = 0.0  # GiB: the highest peak of the trainer's steps since the last log
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
