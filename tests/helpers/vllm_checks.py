@@ -296,45 +296,47 @@ def stream(path: str) -> dict:
     return out
 
 
-def sync_run(train_args: list[str]) -> dict:
-    """``tba train *train_args`` (a sync run with the vLLM backend), then ``tba eval`` of the run
-    directory it names, through the command line's entry point in this process (each would import
-    vLLM again in a process of its own): their exit statuses and what ``tba eval`` wrote to stderr."""
+def tba_command(args: list[str]) -> tuple[int, str]:
+    """``tba *args`` through the command line's entry point in this process (in a process of its
+    own it would import vLLM again): its exit status and the end of what it wrote to stderr."""
     import contextlib
     import io
-    from pathlib import Path
 
-    from tba.cli import main as tba
+    from tba.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(args)
+    return status, err.getvalue()[-5000:]
+
+
+def run_dir_of(train_args: list[str], name: str | None = None):
+    """The run directory that ``tba train *train_args`` writes (``name``: instead of its run.name)."""
+    from pathlib import Path
 
     def value(key: str) -> str:
         (found,) = [a.split("=", 1)[1] for a in train_args if a.startswith(f"--{key}=")]
         return found
 
-    run_dir = Path(value("run.output_dir")) / value("run.name")
-    out = {"run_dir": str(run_dir), "train": tba(["train", *train_args])}
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        out["eval"] = tba(["eval", str(run_dir)])
-    out["eval_stderr"] = err.getvalue()[-5000:]
-    return out
+    return Path(value("run.output_dir")) / (name or value("run.name"))
+
+
+def sync_run(train_args: list[str]) -> dict:
+    """``tba train *train_args`` (a sync run with the vLLM backend), then ``tba eval`` of its run
+    directory (:func:`tba_command`): their exit statuses and what each wrote to stderr."""
+    run_dir = run_dir_of(train_args)
+    train, train_stderr = tba_command(["train", *train_args])
+    evaluated, eval_stderr = tba_command(["eval", str(run_dir)])
+    return {"run_dir": str(run_dir), "train": train, "train_stderr": train_stderr, "eval": evaluated,
+            "eval_stderr": eval_stderr}  # fmt: skip
 
 
 def engine_cannot_start(train_args: list[str]) -> dict:
     """``tba train *train_args`` as run ``f`` with an engine that cannot start (no memory for its
-    cache), through the command line's entry point: its exit status, stderr, and whether the run
-    directory exists."""
-    import contextlib
-    import io
-    from pathlib import Path
-
-    from tba.cli import main as tba
-
+    cache) (:func:`tba_command`): its exit status, stderr, and whether the run directory exists."""
     args = [a for a in train_args if not a.startswith("--run.name=")] + ["--run.name=f"]
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        status = tba(["train", *args, "--generation.vllm.kv_cache_gb=1e-6"])
-    (out,) = [a.split("=", 1)[1] for a in train_args if a.startswith("--run.output_dir=")]
-    return {"status": status, "stderr": err.getvalue()[-5000:], "run_dir_exists": (Path(out) / "f").exists()}
+    status, stderr = tba_command(["train", *args, "--generation.vllm.kv_cache_gb=1e-6"])
+    return {"status": status, "stderr": stderr, "run_dir_exists": run_dir_of(train_args, "f").exists()}
 
 
 def every_check(path: str, chat_path: str, train_args: list[str] | None = None) -> dict:
