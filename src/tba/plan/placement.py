@@ -49,8 +49,8 @@ def planned_threads(cfg: Config, hw: Hardware, ray_runtime: bool) -> tuple[int |
     started with (:func:`started_threads`): the count changes how sums round, and so every number
     after. The ray runtime's trainer gets the cores that its searchers leave (:func:`trainer_threads`).
     Cores that other processes keep busy at the start are left to them: on 2 cores beside one busy
-    process, torch's two threads wait on each other through its time slices, and the demo ran 13x
-    slower than alone (benchmarks/results/load)."""
+    process, torch's two threads wait on each other through its time slices, and the demo ran 3x
+    slower than alone, against 1.4x with one thread (benchmarks/results/load/README.md)."""
     if cfg.run.threads:
         return cfg.run.threads, None
     known, started = started_threads(cfg)
