@@ -7,7 +7,9 @@ that keeps a core busy, for the thread counts a run could take.
 
 Each run is the real CLI (``tba train``, the setting's defaults, ``--run.seed=0``), with only the arm's
 settings changed. "loaded": a ``while True: pass`` process runs beside the whole run (the script
-starts it before and stops it after). The arms:
+starts it before and stops it after); "midrun": the same process starts once the run has logged a
+quarter of its steps (a load that comes after the plan chose its threads: the run's notice, if it
+gives one, is kept with the result). The arms:
 
 - ``plan``: the run plan's threads (what ``tba train`` takes by itself: the cores that other
   processes leave, :func:`tba.plan.placement.planned_threads`);
@@ -33,6 +35,8 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from harness import print_machine, train
@@ -40,6 +44,7 @@ from harness.report import row, rule
 from harness.settings import SETTINGS
 
 from tba.machine import usable_cores
+from tba.metrics import read_metrics
 
 ARMS = ("plan", "all", "one", "passive", "ray")
 
@@ -61,24 +66,52 @@ def hog() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def run_name(setting: str, steps: int, arm: str, loaded: bool) -> str:
-    return f"{setting}{steps}-{arm}-{'loaded' if loaded else 'quiet'}"
+class HogAt(threading.Thread):
+    """Starts :func:`hog` once the run in ``run_dir`` has logged step ``step`` (at once for step 0)."""
+
+    def __init__(self, run_dir: Path, step: int):
+        super().__init__(daemon=True)
+        self.metrics, self.step = run_dir / "metrics.jsonl", step
+        self.proc: subprocess.Popen | None = None
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            if self.step == 0 or (
+                self.metrics.is_file() and any(r.get("step", 0) >= self.step for r in read_metrics(self.metrics))
+            ):
+                self.proc = hog()
+                return
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def run(out: Path, setting: str, arm: str, loaded: bool, steps: int, limit: float | None) -> dict:
-    name = run_name(setting, steps, arm, loaded)
+def run_name(setting: str, steps: int, arm: str, machine: str) -> str:
+    return f"{setting}{steps}-{arm}-{machine}"
+
+
+def run(out: Path, setting: str, arm: str, machine: str, steps: int, limit: float | None) -> dict:
+    name = run_name(setting, steps, arm, machine)
     args, env = arm_settings(arm)
     base = SETTINGS[setting]
     config, overrides = (base[0], base[1:]) if base and base[0].endswith(".yaml") else (None, base)
     overrides = [*overrides, *args, "--run.seed=0", "--logging.progress=false", f"--trainer.steps={steps}"]
     overrides += [f"--eval.every={steps}", "--trainer.checkpoint_every=null"]
-    busy = hog() if loaded else None
+    busy = None if machine == "quiet" else HogAt(out / name, 0 if machine == "loaded" else steps // 4)
+    (out / name / "metrics.jsonl").unlink(missing_ok=True)  # (an earlier run's: the hog waits for this one's)
+    if busy is not None:
+        busy.start()
     try:
         done = train(overrides, out, name, config=config, env=env, timeout=limit, clear=True, check=False)
     finally:
         if busy is not None:
-            busy.kill()
-            busy.wait()
+            busy.stop()
     if done.returncode not in (0, None):
         done.fail()
     records = done.steps()
@@ -89,7 +122,8 @@ def run(out: Path, setting: str, arm: str, loaded: bool, steps: int, limit: floa
         "name": name,
         "setting": setting,
         "arm": arm,
-        "loaded": loaded,
+        "machine": machine,
+        "loaded": machine != "quiet",
         "threads": plan["trainer_threads"],
         "busy_seen": plan["hardware"].get("busy", 0.0),
         "steps": len(records),
@@ -100,6 +134,7 @@ def run(out: Path, setting: str, arm: str, loaded: bool, steps: int, limit: floa
         "train_step_s": statistics.median(r["train/step_s"] for r in records),
         "accuracy_initial": summary.get("eval/accuracy_initial"),
         "accuracy_final": summary.get("eval/accuracy_final"),
+        "notice": next((line for line in done.stderr.splitlines() if "steps take" in line), None),
     }
 
 
@@ -115,17 +150,18 @@ def table(rows: list[dict]) -> str:
         steps = f"{r['steps']}" + (" (stopped)" if r["stopped"] else "")
         threads = "torch's default" if r["threads"] is None else r["threads"]
         generate = "-" if r["generate_s"] is None else f"{r['generate_s']:.3f}"
-        machine = "loaded" if r["loaded"] else "quiet"
+        machine = r.get("machine", "loaded" if r["loaded"] else "quiet")
         lines.append(
             row([r["arm"], machine, threads, steps, f"{r['s_per_step']:.3f}", generate, f"{r['train_step_s']:.3f}",
                  f"{r['wall_s']:.0f}", accuracy])
         )  # fmt: skip
     lines += ["", row(["arm", "quiet s/step", "loaded s/step", "loaded / quiet"]), rule("lrrr")]
     for arm in dict.fromkeys(r["arm"] for r in rows):
-        pair = {r["loaded"]: r for r in rows if r["arm"] == arm}
-        if len(pair) == 2:
-            q, b = pair[False]["s_per_step"], pair[True]["s_per_step"]
+        pair = {r.get("machine", "loaded" if r["loaded"] else "quiet"): r for r in rows if r["arm"] == arm}
+        if "quiet" in pair and "loaded" in pair:
+            q, b = pair["quiet"]["s_per_step"], pair["loaded"]["s_per_step"]
             lines.append(row([arm, f"{q:.3f}", f"{b:.3f}", f"{b / q:.2f}x"]))
+    lines += [f"{r['name']}: {r['notice']}" for r in rows if r.get("notice")]
     return "\n".join(lines)
 
 
@@ -134,7 +170,7 @@ def main() -> None:
     p.add_argument("--setting", choices=["demo", "real"], default="demo")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    p.add_argument("--machines", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
+    p.add_argument("--machines", nargs="+", choices=["quiet", "loaded", "midrun"], default=["quiet", "loaded"])
     p.add_argument("--limit", type=float, default=None, help="seconds after which a run is stopped")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load"))
     p.add_argument("--fresh", action="store_true", help="forget earlier results in --out")
@@ -144,10 +180,10 @@ def main() -> None:
     results_path = a.out / "busy_core.json"
     done = [] if a.fresh or not results_path.is_file() else json.loads(results_path.read_text())["runs"]
     for arm in a.arms:
-        for loaded in [machine == "loaded" for machine in a.machines]:
-            if any(r["name"] == run_name(a.setting, a.steps, arm, loaded) for r in done):
+        for machine in a.machines:
+            if any(r["name"] == run_name(a.setting, a.steps, arm, machine) for r in done):
                 continue
-            result = run(a.out, a.setting, arm, loaded, a.steps, a.limit)
+            result = run(a.out, a.setting, arm, machine, a.steps, a.limit)
             done.append(result)
             results_path.write_text(json.dumps({"environment": environment, "runs": done}, indent=2) + "\n")
             print(f"{result['name']}: {result['threads']} thread(s), {result['s_per_step']:.3f} s/step")

@@ -103,22 +103,46 @@ def busy_between(before: str, after: str, cpus: set[int], own_ticks: int = 0) ->
     return max(0.0, (busy - own_ticks) / elapsed)
 
 
+def run_ticks(root: Path = Path("/proc"), pid: int | None = None) -> int:
+    """The CPU time, in clock ticks, of process ``pid`` (this one by default) and every process
+    under it (a run's own: Ray's raylet and its searcher actors, a vLLM engine's core): user +
+    system time of each, read from ``root``'s ``<pid>/stat`` files. Processes that end while being
+    read are skipped."""
+    pid = os.getpid() if pid is None else pid
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended between the listing and the read
+        parents[int(entry.name)] = int(fields[1])
+        ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += ticks.get(p, 0)
+        todo.extend(children.get(p, []))
+    return total
+
+
 def busy_cores(window_s: float = BUSY_WINDOW_S) -> float:
     """The cores' worth of CPU that other processes keep busy among those this process may use,
-    watched for ``window_s`` seconds (0.0 where ``/proc/stat`` cannot be read)."""
+    watched for ``window_s`` seconds (0.0 where ``/proc/stat`` cannot be read). This process and
+    the processes it started (:func:`run_ticks`) are not other processes."""
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-
-    def own() -> int:  # this process's user + system time, in clock ticks
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
     try:
-        before, own_before = Path("/proc/stat").read_text(), own()
+        before, own_before = Path("/proc/stat").read_text(), run_ticks()
         time.sleep(window_s)
-        after, own_after = Path("/proc/stat").read_text(), own()
+        after, own_after = Path("/proc/stat").read_text(), run_ticks()
     except OSError:
         return 0.0
-    return busy_between(before, after, cpus, own_after - own_before)
+    return busy_between(before, after, cpus, max(0, own_after - own_before))
 
 
 def gpus() -> list[dict]:

@@ -34,6 +34,7 @@ from tba import allocator
 from tba.config import Config, absolute_paths
 from tba.console import RunDisplay
 from tba.evaluation import write_samples
+from tba.machine import busy_cores
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plan import Plan, actor_gpu_shares, plan_run
@@ -41,7 +42,7 @@ from tba.runtime.actors import BackgroundEvaluation, Finished, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import one_engine_at_a_time, ray_session
-from tba.runtime.health import FallWatch, remedy
+from tba.runtime.health import FallWatch, SlowdownWatch, remedy
 from tba.runtime.inbox import Inbox
 from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
 from tba.runtime.restarts import SearcherPool
@@ -252,6 +253,7 @@ def _train(
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
     watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
+    slowdown = SlowdownWatch(c.plan.hardware, c.plan.trainer_threads, busy_cores)  # (the searchers are the run's own)
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
@@ -302,8 +304,10 @@ def _train(
                     record["trainer/eval_wait_s"] = background.waited_s
                 else:
                     record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
-            if message := watch.observe(step, record):
-                pool.log(message)  # on the console even when quiet, and in errors.log
+            # the pace: a step and its wait for data (searchers slowed by the same load)
+            for message in (watch.observe(step, record), slowdown.observe(t1 - wait_start)):
+                if message:
+                    pool.log(message)  # on the console even when quiet, and in errors.log
             if step % cfg.logging.every == 0 or key in record:
                 record["train/peak_memory_gb"] = peak.read()  # since the previous log
                 metrics.log(step, record)  # before the checkpoint: a resume from it finds this step logged

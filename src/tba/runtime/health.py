@@ -139,46 +139,57 @@ class FallWatch:
 
 
 class SlowdownWatch:
-    """Watches the time of a run's steps (generation and training) for the moment they become
-    several times slower than at the start, which on a CPU is most often another process taking the
-    cores that the run's threads were planned on (the plan leaves alone those busy at the start:
-    :func:`tba.plan.placement.planned_threads`). Says so once, with the cores busy now and the
-    setting that leaves them alone. ``hardware``: the plan's (its cores; the busy ones are counted
-    whole as there: :attr:`tba.hardware.Hardware.busy_cpus`); ``measure``: the cores' worth that
-    other processes keep busy (:func:`tba.machine.busy_cores`), asked only when the steps have slowed."""
+    """Watches the pace of a run's steps (generation and training; in the ray runtime a step and its
+    wait for data) for the moment they become several times slower than at the start, which on a
+    CPU is most often another process taking the cores that the run's threads were planned on (the
+    plan leaves alone those busy at the start: :func:`tba.plan.placement.planned_threads`). Then it
+    asks how busy the cores are (``measure``: the cores' worth that other processes keep busy,
+    :func:`tba.machine.busy_cores`); if other processes hold a core, it says so once, with the
+    setting that leaves it to them. If none does (longer completions, a slower task: the run's own
+    business), it says nothing and asks again only after ``start`` more steps. ``hardware``: the
+    plan's (its cores; the busy ones are counted whole as there: :attr:`tba.hardware.Hardware.busy_cpus`).
+    ``factor`` 2: every core of a 2-core machine beside one busy one made the demo's steps 3x
+    slower, the plan's one thread 1.5x (benchmarks/results/load/README.md)."""
 
     def __init__(
-        self, hardware: Hardware, threads: int | None, measure, factor: float = 3.0, start: int = 20, recent: int = 5
+        self, hardware: Hardware, threads: int | None, measure, factor: float = 2.0, start: int = 20, recent: int = 5
     ):
         self.hardware, self.threads, self.measure = hardware, threads, measure
         self.factor, self.start, self.recent = factor, start, recent
         self.times: list[float] = []
         self.said = False
+        self.quiet_until = 0  # no measurement before this many steps (after one that found no load)
 
     def observe(self, seconds: float) -> str | None:
         """``seconds``: one step's; a message the first time the median of the last ``recent`` steps
-        is ``factor`` times that of the first ``start`` (after three to warm up), else None."""
+        is ``factor`` times that of the first ``start`` (after three to warm up) while other
+        processes keep a core busy, else None."""
         if self.said:
             return None
         self.times.append(seconds)
         first = self.times[3 : 3 + self.start]
-        if len(self.times) < 3 + self.start + self.recent:
+        if len(self.times) < max(3 + self.start + self.recent, self.quiet_until):
             return None
         then, now = statistics.median(first), statistics.median(self.times[-self.recent :])
         if not then > 0 or now < self.factor * then:
             return None
-        self.said = True
         now_busy = dataclasses.replace(self.hardware, busy=self.measure())
         busy, cpus = now_busy.busy_cpus, now_busy.cpus
+        if not busy:
+            self.quiet_until = len(self.times) + self.start
+            return None
+        self.said = True
         threads = "torch's default threads" if self.threads is None else f"{self.threads} thread(s)"
-        if busy:
-            free = max(1, cpus - busy)
-            advice = (
-                f"{busy} of this machine's {cpus} core(s) are busy with other processes now, and the run "
-                f"planned {threads} at the start. Threads that share a core with another process wait on "
-                f"each other: stop the run and continue it with --run.resume=true --run.threads={free}, or "
-                "free the cores."
-            )
+        free = max(1, cpus - busy)
+        if self.threads is not None and self.threads <= free:
+            advice = f"Its {threads} fit the free core(s); freeing the busy ones brings back the pace."
         else:
-            advice = "No other process keeps a core busy now; the slowdown may have passed."
-        return f"steps take {now / then:.1f}x as long as at the start ({now:.2f} s against {then:.2f} s). {advice}"
+            advice = (
+                "Threads that share a core with another process wait on each other: stop the run and "
+                f"continue it with --run.resume=true --run.threads={free}, or free the cores."
+            )
+        return (
+            f"steps take {now / then:.1f}x as long as at the start ({now:.2f} s against {then:.2f} s). {busy} of "
+            f"this machine's {cpus} core(s) are busy with other processes now, and the run planned {threads} "
+            f"at the start. {advice}"
+        )
