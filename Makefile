@@ -57,9 +57,12 @@ demo-models: $(STAMP)
 
 # Two test processes (pytest-xdist), each taking a whole test file at a time (a file's fixtures are
 # built once): most of the suite starts processes (CLI runs, Ray instances, vLLM engines) and waits
-# on them, which the second process overlaps. TEST_WORKERS=0 runs it in one process.
+# on them, which the second process overlaps. Files are handed out in the order tests/conftest.py
+# sorts them (the heaviest first), not by their number of tests (--no-loadscope-reorder): a file of
+# one long test handed out last would end the suite with the other process idle.
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(COMPILED)
 	$(PYTEST)
 

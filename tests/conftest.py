@@ -26,26 +26,31 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-# Files whose tests start processes (CLI runs, Ray instances, vLLM engines), by the CPU seconds
-# they took in one serial run on 2 cores (156 for test_vllm down to 12 for test_tldr; the other
-# files together 35). They run first, so that pytest-xdist's workers, a file at a time, do not
-# end the suite on one of them alone while the other worker is done.
+# Files whose tests start processes (CLI runs, Ray instances, vLLM engines), by the seconds they
+# took in `make test` on 2 cores (160 for test_vllm down to 10 for test_docs; the other files
+# together 30). They run first (`make test` hands files out in this order: --no-loadscope-reorder),
+# so that pytest-xdist's workers, a file at a time, do not end the suite on one of them alone while
+# the other worker is done.
 HEAVY_FIRST = [
     "test_vllm.py",
     "test_ranks.py",
-    "test_cli_integration.py",
     "test_ray_runtime.py",
     "test_ray_objectives.py",
+    "test_cli_integration.py",
     "test_ray_survival.py",
-    "test_bounds.py",
     "test_checkpoints.py",
-    "test_task_training.py",
+    "test_ray_actors.py",
+    "test_bounds.py",
     "test_lora.py",
     "test_eval_command.py",
+    "test_task_training.py",
+    "test_turns.py",
     "test_redteam.py",
     "test_tldr.py",
-    "test_turns.py",
-    "test_ray_actors.py",
+    "test_staleness.py",
+    "test_bad_input.py",
+    "test_plots.py",
+    "test_docs.py",
 ]
 
 
@@ -98,11 +103,6 @@ def demo_cache(tmp_path_factory, request):
     return shared_cache(
         tmp_path_factory, request, "tba-cache", lambda p: ensure_tiny_model(task, p, log=lambda m: None)
     )
-
-
-# The tool demo's model, warm-started faster for the tests: until 5% of 32 problems come out right
-# with the calculator (the demo's own stops at 30% of 128), by then it calls the tool most of the time
-TOOL_TEST_SPEC = TinySpec(max_positions=96, lr=1e-3, check_every=10, target_accuracy=0.05, validation_size=32)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -158,10 +158,10 @@ def _ray_only_where_asked(request):
 
 @pytest.fixture(scope="session")
 def tool_model(tmp_path_factory, request):
-    """A folder holding a tool demo model (``configs/tools.yaml``'s setting, :data:`TOOL_TEST_SPEC`)."""
+    """A folder holding the tool demo model of ``configs/tools.yaml``'s setting (the shipped one)."""
     task = load_config("configs/tools.yaml", []).task
     found = []
-    build = lambda p: found.append(ensure_tiny_tool_model(task, p, TOOL_TEST_SPEC, log=lambda m: None))  # noqa: E731
+    build = lambda p: found.append(ensure_tiny_tool_model(task, p, log=lambda m: None))  # noqa: E731
     shared_cache(tmp_path_factory, request, "tba-tool-cache", build)
     return found[0]
 

@@ -20,7 +20,7 @@ from tba.runtime.async_loop import run_ray
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
 
-STEPS = 12
+STEPS = 8
 
 
 @pytest.fixture(scope="module")

@@ -177,37 +177,27 @@ def marked_env() -> tuple[dict[str, str], str]:
 
 
 @NEEDS_PROC
-def test_a_searcher_that_cannot_load_its_model_ends_the_run_in_one_line(tmp_path, demo_cache):
+def test_a_searcher_that_cannot_load_its_model_ends_the_run_in_one_line(tmp_path, demo_cache, local_ray, capsys):
+    """``tba train`` (in this process, on the shared Ray instance): exit status 2, one line that
+    names the model, no run directory, and the searcher's resources handed back to Ray."""
+    from tba.cli import main
+
     # a reference whose config passes the driver's checks but whose weights only a searcher loads
     broken = tmp_path / "broken-reference"
     shutil.copytree(next(demo_cache.glob("tiny-arithmetic-*")), broken)
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(b"not a safetensors file")
-    env, mark = marked_env()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tba",
-            "train",
-            *SMALL,
-            "--trainer.steps=20",
-            f"--model.cache_dir={demo_cache}",
-            f"--model.reference={broken}",
-            f"--run.output_dir={tmp_path}",
-            "--run.name=f",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 2, proc.stderr[-3000:]  # bad input, as if the driver had found it
-    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("tba: ")]
+    args = [*SMALL, "--trainer.steps=20", f"--model.cache_dir={demo_cache}", f"--model.reference={broken}"]
+    assert main(["train", *args, f"--run.output_dir={tmp_path}", "--run.name=f"]) == 2  # bad input
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("tba: ")]
     assert line.startswith("tba: searcher 0 could not start: cannot load model") and str(broken) in line
-    assert "Traceback" not in proc.stderr.split(line)[-1]
+    assert "Traceback" not in err.split(line)[-1]
     assert not (tmp_path / "f").exists()  # nothing but the starting weights' evaluation was written
-    assert not ray_processes(mark), ray_processes(mark, wait_s=0)
+    deadline = time.time() + 30  # the failed searcher's actor is gone: its CPU is Ray's again
+    while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"]
 
 
 def test_any_other_failure_of_a_searcher_at_start_ends_the_run_with_its_traceback():

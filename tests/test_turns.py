@@ -7,6 +7,7 @@ masks it builds, and what the searcher, the reference pass and the trainer do wi
 from __future__ import annotations
 
 import random
+import shutil
 
 import pytest
 import torch
@@ -283,7 +284,9 @@ def test_a_resumed_tool_run_continues_bit_exact_with_its_trajectories(tmp_path, 
         )
 
     straight, _ = run_sync(cfg("straight", 4))
-    run_sync(cfg("resumed", 2))
+    # the straight run as it stood after step 2 (its checkpoint of step 4 not written yet), resumed
+    shutil.copytree(straight, tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_4")
     resumed, summary = run_sync(cfg("resumed", 4, "--run.resume=true"))
     assert summary["trainer_steps"] == 4
     a, b = (load_file(d / "checkpoints" / "step_4" / "model.safetensors") for d in (straight, resumed))
