@@ -134,8 +134,15 @@ def run(out: Path, setting: str, arm: str, machine: str, steps: int, limit: floa
         "train_step_s": statistics.median(r["train/step_s"] for r in records),
         "accuracy_initial": summary.get("eval/accuracy_initial"),
         "accuracy_final": summary.get("eval/accuracy_final"),
-        "notice": next((line for line in done.stderr.splitlines() if "steps take" in line), None),
+        "notice": notice(done.run_dir),
     }
+
+
+def notice(run_dir: Path) -> str | None:
+    """The run's slowdown notice (tba.runtime.health.SlowdownWatch), as ``errors.log`` keeps it."""
+    log = run_dir / "errors.log"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return next((line.split(" ", 2)[2] for line in lines if "steps take" in line), None)
 
 
 def table(rows: list[dict]) -> str:

@@ -171,3 +171,12 @@ def test_a_slowdown_under_the_factor_or_without_other_processes_says_nothing():
     watch = SlowdownWatch(Hardware(cpus=2), threads=1, measure=lambda: 1.0)
     (message,) = [m for m in (watch.observe(s) for s in [0.2] * 23 + [1.0] * 5) if m]
     assert "Its 1 thread(s) fit the free core(s)" in message and "--run.threads" not in message
+
+
+def test_the_ray_runtimes_trainer_and_searchers_hear_to_free_the_cores():
+    # a core each on 2 cores, one of them now busy: two threads on the free one, which no
+    # --run.threads changes (each process keeps one)
+    watch = SlowdownWatch(Hardware(cpus=2), threads=2, measure=lambda: 1.0, side_by_side=True)
+    (message,) = [m for m in (watch.observe(s) for s in [0.25] * 23 + [0.5] * 5) if m]
+    assert "trainer and searchers, side by side, run 2 thread(s) on 1 free core(s)" in message
+    assert "--runtime.type=sync" in message and "--run.threads" not in message

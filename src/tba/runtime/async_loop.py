@@ -253,7 +253,9 @@ def _train(
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
     watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
-    slowdown = SlowdownWatch(c.plan.hardware, c.plan.trainer_threads, busy_cores)  # (the searchers are the run's own)
+    local = 0 if cfg.runtime.address else cfg.runtime.num_searchers  # (a cluster's searchers: other machines')
+    threads = (c.plan.trainer_threads or c.plan.hardware.cpus) + local * c.plan.searcher_threads
+    slowdown = SlowdownWatch(c.plan.hardware, threads, busy_cores, side_by_side=True)
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)

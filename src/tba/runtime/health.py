@@ -152,9 +152,19 @@ class SlowdownWatch:
     slower, the plan's one thread 1.5x (benchmarks/results/load/README.md)."""
 
     def __init__(
-        self, hardware: Hardware, threads: int | None, measure, factor: float = 2.0, start: int = 20, recent: int = 5
+        self,
+        hardware: Hardware,
+        threads: int | None,
+        measure,
+        factor: float = 2.0,
+        start: int = 20,
+        recent: int = 5,
+        side_by_side: bool = False,
     ):
-        self.hardware, self.threads, self.measure = hardware, threads, measure
+        """``threads``: the run's on this machine (None: torch's default); ``side_by_side``: they
+        are the ray runtime's trainer and searchers, one process each, which ``--run.threads`` does
+        not bring under one thread each."""
+        self.hardware, self.threads, self.measure, self.side_by_side = hardware, threads, measure, side_by_side
         self.factor, self.start, self.recent = factor, start, recent
         self.times: list[float] = []
         self.said = False
@@ -183,6 +193,12 @@ class SlowdownWatch:
         free = max(1, cpus - busy)
         if self.threads is not None and self.threads <= free:
             advice = f"Its {threads} fit the free core(s); freeing the busy ones brings back the pace."
+        elif self.side_by_side:
+            advice = (
+                f"Its trainer and searchers, side by side, run {threads} on {free} free core(s) and wait on "
+                "each other: free the cores (on a machine that stays this busy, the sync runtime takes "
+                "turns on one thread: --runtime.type=sync)."
+            )
         else:
             advice = (
                 "Threads that share a core with another process wait on each other: stop the run and "
