@@ -59,8 +59,11 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
 
 
-# A small demo setting for end-to-end runs of the CLI: one-digit sums, 8 prompts a step.
+# A small demo setting for end-to-end runs of the CLI: one-digit sums, 8 prompts a step. One thread:
+# two test processes share the cores, and a run that planned two threads on a moment's idle cores
+# would wait on the other test's process (3x slower: benchmarks/results/load/README.md).
 SMALL_DEMO_ARGS = [
+    "--run.threads=1",
     "--task.digits=1",
     "--task.operators=+",
     "--task.eval_size=20",
