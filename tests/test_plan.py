@@ -244,3 +244,17 @@ def test_no_builder_compares_a_setting_with_auto():
                 ):
                     found.append(f"{path.relative_to(src)}:{node.lineno}")
     assert not found, found
+
+
+def test_the_replay_window_covers_a_round_of_every_searchers_batch():
+    """Searchers that start together deliver together: the window over which the replay bound
+    holds spans twice the steps' worth of one batch from each (at least 16), so the trainer does
+    not wait with a round's surplus in hand; a user's window wins, and the sync runtime has none."""
+    ray_run = ["--runtime.type=ray", "--trainer.batch_prompts=8", "--generation.prompts_per_batch=8"]
+    assert plan(ray_run).replay_window == 16  # one searcher: the old default
+    assert plan([*ray_run, "--runtime.num_searchers=32", "--runtime.searcher_cpus=0.05"]).replay_window == 64
+    assert plan([*ray_run, "--runtime.num_searchers=5", "--generation.prompts_per_batch=12"]).replay_window == 16
+    assert plan([*ray_run, "--runtime.num_searchers=7", "--generation.prompts_per_batch=12"]).replay_window == 21
+    assert plan([*ray_run, "--runtime.num_searchers=32", "--trainer.replay_window=8"]).replay_window == 8
+    assert plan(["--runtime.type=sync"]).replay_window is None
+    assert Plan.from_dict(plan([*ray_run, "--runtime.num_searchers=32"]).to_dict()).replay_window == 64

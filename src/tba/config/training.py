@@ -209,8 +209,11 @@ class TrainerConfig(Section):
     """``ray`` runtime: at most this many trained samples per sample the searchers delivered, over
     the last ``replay_window`` steps; a step that would exceed it waits for new groups (counted in
     ``trainer/wait_s``). None: the trainer never waits once the buffer can fill a batch."""
-    replay_window: int = Field(16, ge=1)
-    """Steps over which ``max_replay_ratio`` holds (the run's start counts the initial fill)."""
+    replay_window: int | None = Field(None, ge=1)
+    """Steps over which ``max_replay_ratio`` holds (the run's start counts the initial fill). None:
+    the plan's, 16 or twice the steps' worth of data one batch of every searcher brings, whichever
+    is larger: searchers that start together deliver together, and a window shorter than their
+    burst forgets the surplus (the trainer then waits with data in hand)."""
     checkpoint_every: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (always at the end)."""
     keep_checkpoints: int | None = Field(3, ge=1)

@@ -6,6 +6,8 @@ holds what the user asked for. Each rule says why it decides as it does.
 
 from __future__ import annotations
 
+import math
+
 from tba.config import (
     BufferConfig,
     Config,
@@ -58,6 +60,17 @@ def flat_weight(buffer: BufferConfig, runtime: str) -> float:
 def lag_bound(runtime: RuntimeConfig, sync_interval: int) -> int | None:
     """``runtime.max_lag`` in versions: 4 x ``trainer.sync_interval`` for ``auto``."""
     return 4 * sync_interval if runtime.max_lag == "auto" else runtime.max_lag
+
+
+def replay_window(cfg: Config) -> int:
+    """``trainer.replay_window``, or for None the larger of 16 steps and twice a round of the
+    searchers' batches in steps (``num_searchers`` x ``prompts_per_batch`` / ``batch_prompts``): 32
+    searchers of one step's batch each on a 2-core machine trained at 0.56 of the ideal rate with
+    16 and 0.91 with 64 (benchmarks/results/scale/README.md)."""
+    if cfg.trainer.replay_window is not None:
+        return cfg.trainer.replay_window
+    per_round = cfg.runtime.num_searchers * cfg.generation.prompts_per_batch / cfg.trainer.batch_prompts
+    return max(16, math.ceil(2 * per_round))
 
 
 def stale_by_design(cfg: Config) -> bool:

@@ -29,6 +29,7 @@ from tba.plan.auto import (
     grad_clip,
     lag_bound,
     needs_sampler_logps,
+    replay_window,
     stale_by_design,
     streams,
     tb_trust_region,
@@ -97,6 +98,8 @@ class Plan:
     why: dict[str, str] = field(default_factory=dict)
     max_ahead: int | None = None
     """The ray runtime's cap on what searchers run ahead of the trainer, in steps (``runtime.max_ahead``)."""
+    replay_window: int | None = None
+    """The ray runtime's steps over which ``trainer.max_replay_ratio`` holds (:func:`tba.plan.auto.replay_window`)."""
     warnings: tuple[str, ...] = ()
     """What the plan allows but advises against (processes asking for more cores than there are)."""
 
@@ -390,5 +393,6 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         engines=vllm_engines(cfg, device, searcher_gpus, eval_gpus),
         why=why,
         max_ahead=r.max_ahead if ray_runtime else None,
+        replay_window=replay_window(cfg) if ray_runtime else None,
         warnings=(crowded,) if crowded else (),
     )

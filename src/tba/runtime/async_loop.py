@@ -239,7 +239,7 @@ def _train(
     startup = startup or StartUp(time.time())
     t = cfg.trainer
     lag = c.plan.lag_bound
-    gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, t.replay_window, lag)
+    gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, c.plan.replay_window, lag)
     starved = Starvation()
     min_groups = cfg.buffer.min_groups or batch
     last_stats: dict[int, dict] = {}
