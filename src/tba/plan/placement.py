@@ -142,6 +142,24 @@ def local_ray_gpus(cfg: Config, device: str, hardware: Hardware) -> tuple[int, b
     return hardware.gpus, hardware.gpus == 1
 
 
+def local_threads(cfg: Config, trainer: int, searcher: int, rank_threads: int | None) -> list[tuple[str, int]]:
+    """The ray runtime's CPU threads on this machine, as (what, how many): the trainer's, and on a
+    local Ray instance its searchers', evaluation's and ranks' (joining a cluster they may run
+    elsewhere). ``trainer``, ``searcher``, ``rank_threads``: each process's threads, as the plan gives them."""
+    parts = [(f"the trainer's {trainer}", trainer)]
+    if cfg.runtime.address:
+        return parts
+    searchers = cfg.runtime.num_searchers * searcher
+    parts.append((f"the searchers' {searchers}", searchers))
+    if cfg.eval.async_:
+        evaluation = max(1, int(cfg.eval.eval_cpus))
+        parts.append((f"evaluation's {evaluation}", evaluation))
+    if rank_threads and cfg.trainer.num_ranks > 1:
+        ranks = cfg.trainer.num_ranks * rank_threads
+        parts.append((f"the ranks' {ranks}", ranks))
+    return parts
+
+
 def oversubscription(cfg: Config, cpus: int, trainer: int, searcher: int, rank_threads: int | None) -> str | None:
     """A warning when the ray runtime's processes on this machine ask for more CPU threads than it
     has cores (``trainer``, ``searcher``, ``rank_threads``: the threads of the trainer, of each
@@ -150,17 +168,9 @@ def oversubscription(cfg: Config, cpus: int, trainer: int, searcher: int, rank_t
     searcher made that searcher's weight load into vLLM 23x slower
     (benchmarks/results/layouts/README.md). Joining a cluster, the searchers may run elsewhere: no
     warning."""
-    r = cfg.runtime
-    if r.address:
+    if cfg.runtime.address:
         return None
-    searchers = r.num_searchers * searcher
-    parts = [(f"the trainer's {trainer}", trainer), (f"the searchers' {searchers}", searchers)]
-    if cfg.eval.async_:
-        evaluation = max(1, int(cfg.eval.eval_cpus))
-        parts.append((f"evaluation's {evaluation}", evaluation))
-    if rank_threads and cfg.trainer.num_ranks > 1:
-        ranks = cfg.trainer.num_ranks * rank_threads
-        parts.append((f"the ranks' {ranks}", ranks))
+    parts = local_threads(cfg, trainer, searcher, rank_threads)
     total = sum(n for _, n in parts)
     if total <= cpus:
         return None

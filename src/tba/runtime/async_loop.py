@@ -38,6 +38,7 @@ from tba.machine import busy_cores
 from tba.metrics import MetricsLogger
 from tba.models.precision import PeakMemory
 from tba.plan import Plan, actor_gpu_shares, plan_run
+from tba.plan.placement import local_threads
 from tba.runtime.actors import BackgroundEvaluation, Finished, SearcherWorker
 from tba.runtime.bounds import Starvation, StepGate
 from tba.runtime.build import Components, build_components
@@ -253,9 +254,8 @@ def _train(
     longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
     key = eval_key(c)
     watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
-    local = 0 if cfg.runtime.address else cfg.runtime.num_searchers  # (a cluster's searchers: other machines')
-    threads = (c.plan.trainer_threads or c.plan.hardware.cpus) + local * c.plan.searcher_threads
-    slowdown = SlowdownWatch(c.plan.hardware, threads, busy_cores, side_by_side=True)
+    here = local_threads(cfg, c.plan.trainer_threads, c.plan.searcher_threads, c.plan.rank_threads)
+    slowdown = SlowdownWatch(c.plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
     peak = PeakMemory(trainer.device)
     with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
         display.update(trainer.version, initial)
