@@ -34,12 +34,12 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from harness import print_machine, train
+from harness.measure import hog
 from harness.report import row, rule
 from harness.settings import SETTINGS
 
@@ -59,11 +59,6 @@ def arm_settings(arm: str) -> tuple[list[str], dict[str, str]]:
         "passive": ([cores], {"OMP_WAIT_POLICY": "PASSIVE"}),
         "ray": (["--runtime.type=ray"], {}),
     }[arm]
-
-
-def hog() -> subprocess.Popen:
-    """A process that keeps one core busy until it is stopped."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 class HogAt(threading.Thread):

@@ -22,11 +22,11 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from harness import print_machine, train
+from harness.measure import hog
 
 OFF = ["--trainer.max_replay_ratio=null", "--runtime.max_lag=null"]
 # plain trajectory balance, and its trust regions for stale data
@@ -35,11 +35,6 @@ OBJECTIVES = {
     "tb_trust": ["--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=false"],
     "tb_trust_seq": ["--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=true"],
 }
-
-
-def hog() -> subprocess.Popen:
-    """A process that keeps one core busy until it is stopped."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 def run(out: Path, name: str, seed: int, loaded: bool, bounds: bool, steps: int | None, objective: str = "tb") -> dict:

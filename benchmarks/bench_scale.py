@@ -47,6 +47,7 @@ from harness.report import row, rule
 
 import tba.runtime.async_loop as async_loop
 from tba.config import load_config
+from tba.machine import busy_between
 from tba.metrics import read_metrics
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -173,7 +174,7 @@ class Sampler(threading.Thread):
         self.rss_mb: dict[int, float] = {}
         self.uss_mb: dict[int, float] = {}
         self.cpu: list[tuple[float, float]] = []  # (time, this process's CPU seconds) each second
-        self.machine: list[tuple[float, int, int]] = []  # (time, the machine's busy and all ticks)
+        self.machine: list[tuple[float, str]] = []  # (time, /proc/stat)
         self.stop = threading.Event()
 
     def cpu_between(self, start: float, end: float) -> float:
@@ -184,19 +185,15 @@ class Sampler(threading.Thread):
 
     def machine_between(self, start: float, end: float) -> float:
         """The machine's busy cores' worth (every process) between two times."""
-        near = lambda t: min(self.machine, key=lambda s: abs(s[0] - t))  # noqa: E731
-        (_, b0, a0), (_, b1, a1) = near(start), near(end)
-        return (b1 - b0) / max(a1 - a0, 1) * os.cpu_count()
+        near = lambda t: min(self.machine, key=lambda s: abs(s[0] - t))[1]  # noqa: E731
+        return busy_between(near(start), near(end), set(range(os.cpu_count() or 1)))
 
     def run(self) -> None:
         reads = 0
         while not self.stop.wait(1.0):
             usage = resource.getrusage(resource.RUSAGE_SELF)
             self.cpu.append((time.time(), usage.ru_utime + usage.ru_stime - time.thread_time()))
-            ticks = [int(v) for v in Path("/proc/stat").read_text().split()[1:9]]
-            user, nice, system, idle, iowait, irq, softirq, steal = ticks
-            busy = user + nice + system + irq + softirq + steal
-            self.machine.append((time.time(), busy, busy + idle + iowait))
+            self.machine.append((time.time(), Path("/proc/stat").read_text()))
             reads += 1
             if reads % 5 == 0:  # the memory every 5 seconds: smaps_rollup walks each process's pages
                 self.read_memory()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -45,3 +46,8 @@ def fresh_row(cmd: list, what: str) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def hog() -> subprocess.Popen:
+    """A process that keeps one core busy until it is stopped (a loaded machine's other process)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
