@@ -20,7 +20,7 @@ import torch
 from harness import print_machine
 
 from tba.config import load_config
-from tba.plan import make_plan
+from tba.plan import plan_run
 from tba.runtime.build import build_components
 from tba.runtime.preflight import prepare_task, ready_plan
 
@@ -32,7 +32,8 @@ def main() -> None:
     print_machine()
     cfg = load_config(None, ["--runtime.type=sync", *overrides])
     prepared = prepare_task(cfg, lambda msg: None)
-    plan = ready_plan(cfg, make_plan(cfg), prepared[1], lambda msg: None)
+    cfg, plan = plan_run(cfg)
+    plan = ready_plan(cfg, plan, prepared[1], lambda msg: None)
     c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
     c.trainer.publish()
     for _ in range(5):

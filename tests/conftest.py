@@ -34,6 +34,7 @@ def pytest_configure(config):
 HEAVY_FIRST = [
     "test_vllm.py",
     "test_ranks.py",
+    "test_prompt_accounting.py",
     "test_ray_runtime.py",
     "test_ray_objectives.py",
     "test_cli_integration.py",
@@ -218,9 +219,10 @@ def assert_reports_declared(reported: dict) -> None:
 def components(cfg, log=lambda _: None, **kwargs):
     """``build_components`` as ``tba train`` calls it: the task prepared and checked, the plan made
     ready (models built and checked, EOS ids known)."""
-    from tba.plan import make_plan
+    from tba.plan import plan_run
     from tba.runtime.build import build_components
     from tba.runtime.preflight import prepare_task, ready_plan
 
     prepared = prepare_task(cfg, log)
-    return build_components(cfg, ready_plan(cfg, make_plan(cfg), prepared[1], log), log, prepared=prepared, **kwargs)
+    cfg, plan = plan_run(cfg)  # every auto decided, as tba train does
+    return build_components(cfg, ready_plan(cfg, plan, prepared[1], log), log, prepared=prepared, **kwargs)

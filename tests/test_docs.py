@@ -22,6 +22,7 @@ from tba.config import Config, ConfigError, dump_config, load_config
 from tba.config_reference import keys, reference_markdown, task_classes
 from tba.eval_command import parse_args as parse_eval_args
 from tba.plan import Hardware, make_plan
+from tba.plan.layout import described
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -80,15 +81,18 @@ EIGHT_GPUS = Hardware(cpus=64, gpus=8, bf16=True)
 def train_config(argv: list[str]) -> tuple[str | None, Config]:
     """The config file a shown ``tba train`` names (None: the defaults, or a file of the reader's own,
     whose keys the YAML test checks) and the config it builds."""
-    config, overrides, _ = split_train_args([a for a in argv if a not in ("--debug", "--print-plan")])
+    shown = [a for a in argv if a not in ("--debug", "--print-plan") and not a.startswith("--hardware=")]
+    config, overrides, _ = split_train_args(shown)
     if config is not None and not (ROOT / config).is_file():
         config = None
     return config, load_config(ROOT / config if config else None, overrides)
 
 
-def hardware_for(page: str, config: str | None) -> Hardware:
-    """The machine a page's command is meant for: the GPU pages' configs on GPUs, the rest on the
-    2-core CPU machine the quickstart is measured on."""
+def hardware_for(page: str, config: str | None, machines: list[str] = ()) -> Hardware:
+    """The machine a page's command is meant for: the one it describes (``--hardware``), the GPU
+    pages' configs on GPUs, the rest on the 2-core CPU machine the quickstart is measured on."""
+    if machines:
+        return described(machines[-1].split("=", 1)[1])
     if config is not None and "8gpu" in config:
         return EIGHT_GPUS
     return ONE_GPU if page in ("gpus.md", "tasks.md") else TWO_CORES
@@ -101,7 +105,7 @@ def train_commands() -> list[tuple[str, list[str]]]:
 @pytest.mark.parametrize("page,argv", train_commands(), ids=lambda x: x if isinstance(x, str) else " ".join(x)[:60])
 def test_every_train_command_shown_plans_with_what_it_names(page, argv):
     config, cfg = train_config(argv)
-    hardware = hardware_for(page, config)
+    hardware = hardware_for(page, config, [a for a in argv if a.startswith("--hardware=")])
     plan = make_plan(cfg, hardware)  # every auto decided, nothing loaded
     assert plan.device.startswith("cuda" if hardware.gpus else "cpu")
     named = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
@@ -109,7 +113,7 @@ def test_every_train_command_shown_plans_with_what_it_names(page, argv):
         assert plan.runtime == named["runtime.type"]
     if "runtime.searcher_gpus" in named:
         assert plan.searcher_gpus == float(named["runtime.searcher_gpus"])
-    if "trainer.num_ranks" in named:
+    if named.get("trainer.num_ranks", "auto") != "auto":
         assert plan.rank_cpus is not None  # ranks get cores of their own
     if "buffer.fresh_only" in named:
         assert plan.runtime == "sync" and plan.lag_bound is None
@@ -129,8 +133,11 @@ def test_print_config_and_print_plan_shown_print_the_config_and_the_plan(capsys,
         if "--print-config" in argv:
             assert load_config(None, []).model_validate(yaml.safe_load(out)) == cfg
         else:
-            lines = make_plan(cfg).lines()
-            assert out.splitlines() == lines and any(line.lstrip().startswith("runtime") for line in lines)
+            machines = [a for a in argv if a.startswith("--hardware=")]
+            lines = make_plan(cfg, hardware_for("", config, machines) if machines else None).lines()
+            assert out.splitlines() == lines
+            if cfg.runtime.type == "auto":  # the plan says why it chose the runtime
+                assert any(line.lstrip().startswith("runtime") for line in lines)
 
 
 def test_every_plot_command_shown_draws_its_figures(tmp_path, monkeypatch, capsys):

@@ -6,11 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tba.config import ConfigError, load_config
+from tba.config import ConfigError
+from tba.config import load_config as load
 from tba.plan import Hardware, actor_gpu_shares, make_plan
+from tba.plan.layout import resolve
 from tba.runtime.cluster import driver_device, one_engine_at_a_time, searcher_gpu_ids
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def load_config(path, overrides: list[str]):
+    """The config as the plan hands it to these functions: ``runtime.num_searchers`` and
+    ``trainer.num_ranks`` decided (``auto``: one each where nothing is split)."""
+    return resolve(load(path, overrides), Hardware(cpus=16), lambda: "")
+
+
 ONE_GPU = Hardware(cpus=16, gpus=1, bf16=True)
 
 

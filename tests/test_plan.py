@@ -43,7 +43,11 @@ def test_a_gpu_resolves_dtypes_and_shares_it_with_the_searcher():
     p = plan(["--runtime.type=ray"], ONE_H100)
     assert (p.device, p.dtype, p.precision) == ("cuda", "bfloat16", "bf16-mixed")
     assert p.searcher_gpus == 0.5 and "searcher_gpus" in p.why  # the trainer counts as one more
-    four = plan(["--runtime.type=ray", "--runtime.num_searchers=3"], Hardware(cpus=16, gpus=4, bf16=True))
+    # (trainer.num_ranks=1: auto would give the trainer a second GPU, as tests/test_layout.py says)
+    four = plan(
+        ["--runtime.type=ray", "--runtime.num_searchers=3", "--trainer.num_ranks=1"],
+        Hardware(cpus=16, gpus=4, bf16=True),
+    )
     assert four.searcher_gpus == 1.0  # three GPUs besides the trainer's: one each
     old = Hardware(cpus=8, gpus=1, bf16=False)  # before Ampere
     shared = plan(["--runtime.type=ray"], old)

@@ -20,7 +20,7 @@ from tba.config import ConfigError, absolute_paths, dump_config, load_config
 from tba.errors import Terminated, UserError, interrupt_on_sigterm, report, sigterm_received
 from tba.runtime.errors import RunFailed
 
-USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--print-plan] [--debug]
+USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--print-plan [--hardware=SPEC]] [--debug]
 
 Without a config file, trains the built-in demo: a tiny model learning integer arithmetic.
 Examples:
@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument(
         "--print-plan", action="store_true", help="print the run plan for this machine and exit (loads no model)"
     )
+    train.add_argument(
+        "--hardware",
+        metavar="SPEC",
+        help="with --print-plan: plan for a described machine instead (8xh100, 2x8xh100 for two nodes, cpu:16)",
+    )
     train.add_argument("--debug", action="store_true", help="show the traceback of a bad-input error too")
     sub.add_parser("eval", help="evaluate a run, a checkpoint or a model on its task (tba eval -h)", add_help=False)
     sub.add_parser("plot", help="plot and compare runs (tba plot -h)", add_help=False)
@@ -65,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)  # usage, --version, --help and unknown commands
         return 2
     debug, print_plan = "--debug" in argv[1:], "--print-plan" in argv[1:]
+    if "--hardware" in argv[:-1]:  # the space-separated form
+        i = argv.index("--hardware")
+        argv[i : i + 2] = [f"--hardware={argv[i + 1]}"]
+    machines = [a for a in argv[1:] if a.startswith("--hardware=")]
     try:
-        config_path, overrides, print_config = split_train_args([a for a in argv[1:] if a != "--debug"])
+        if machines and not print_plan:
+            raise ConfigError("--hardware describes a machine for --print-plan; add --print-plan (or drop it)")
+        rest = [a for a in argv[1:] if a != "--debug" and a not in machines]
+        config_path, overrides, print_config = split_train_args(rest)
         cfg = load_config(config_path, overrides)
     except ConfigError as err:
         return report(err, debug)
@@ -75,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if print_plan:  # the decisions tba train would take here, before anything loads
         from tba.plan import plan_run
+        from tba.plan.layout import described
 
         try:
-            print("\n".join(plan_run(absolute_paths(cfg))[1].lines()))
+            hardware = described(machines[-1].split("=", 1)[1]) if machines else None
+            print("\n".join(plan_run(absolute_paths(cfg), hardware=hardware)[1].lines()))
         except ConfigError as err:
             return report(err, debug)
         return 0

@@ -23,8 +23,13 @@ class Hardware:
 
     cpus: int
     gpus: int = 0
+    """GPUs of this machine (of each node, with ``nodes``)."""
     bf16: bool = False
     busy: float = 0.0
+    gpu_name: str = ""
+    """The first GPU's name as CUDA reports it (the cost model's parts are per kind of GPU)."""
+    nodes: int = 1
+    """Machines alike in a described cluster (``tba train --print-plan --hardware=2x8xh100``)."""
 
     @classmethod
     def detect(cls, load: bool = False) -> Hardware:
@@ -32,7 +37,9 @@ class Hardware:
         (:func:`tba.machine.busy_cores`, 0.3 s)."""
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         bf16 = bool(gpus) and torch.cuda.is_bf16_supported()
-        return cls(cpus=usable_cores(), gpus=gpus, bf16=bf16, busy=round(busy_cores(), 2) if load else 0.0)
+        name = torch.cuda.get_device_name(0) if gpus else ""
+        busy = round(busy_cores(), 2) if load else 0.0
+        return cls(cpus=usable_cores(), gpus=gpus, bf16=bf16, busy=busy, gpu_name=name)
 
     @property
     def busy_cpus(self) -> int:
@@ -51,8 +58,11 @@ class Hardware:
 
     def describe(self) -> str:
         gpus = "no GPU" if not self.gpus else f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}"
+        if self.gpus and self.gpu_name:
+            gpus += f" ({self.gpu_name})"
         busy = f", {self.busy:.1f} of them busy with other processes" if self.busy_cpus else ""
-        return f"{self.cpus} CPU core{'s' if self.cpus != 1 else ''}{busy}, {gpus}"
+        machine = f"{self.cpus} CPU core{'s' if self.cpus != 1 else ''}{busy}, {gpus}"
+        return machine if self.nodes == 1 else f"{self.nodes} nodes of {machine}"
 
 
 def resolve_device_name(name: str, hardware: Hardware) -> str:

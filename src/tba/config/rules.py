@@ -92,7 +92,7 @@ def check_runtime(cfg) -> None:
             f"(runtime.searcher_gpus={share}): the searchers that share a GPU would not all fit. Set it below "
             f"{share} (the rest of the share holds the searcher's reference model), or unset it"
         )
-    ranks = cfg.trainer.num_ranks
+    ranks = 1 if cfg.trainer.num_ranks == "auto" else cfg.trainer.num_ranks  # (the plan's, within these rules)
     if ranks > 1 and batch < ranks:
         raise ValueError(
             f"trainer.num_ranks={ranks} splits each batch's groups over the ranks, and trainer.batch_prompts="

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
@@ -54,8 +54,11 @@ class RuntimeConfig(Section):
     setting needs it (``eval.async``); ``sync`` where they would share the trainer's one device (this
     machine's CPU cores, or its only GPU), where generating beside the trainer slows it more than the
     overlap gains, or a setting needs it (``runtime.extra_lag``, ``buffer.fresh_only``)."""
-    num_searchers: int = Field(1, ge=1)
-    """Searcher actors (``ray`` runtime)."""
+    num_searchers: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Searcher actors (``ray`` runtime). ``auto``: one on a CPU machine or a single GPU; on several
+    GPUs the split of them between trainer ranks and searchers (one, two or four a GPU) that the
+    cost model predicts fastest for the model's size and the batch (``tba.plan.layout``; the plan
+    prints it, its predicted step time and the runner-up)."""
     searcher_cpus: float = Field(1.0, gt=0)
     """CPUs reserved per searcher; its torch thread count follows (at least one thread)."""
     searcher_gpus: float | None = Field(None, ge=0)
@@ -95,6 +98,8 @@ class RuntimeConfig(Section):
     shared host memory on a CPU; one trainer rank, no cluster), ``auto``: the object store."""
     _chosen: str | None = PrivateAttr(None)
     """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.plan_run`)."""
+    _layout: dict[str, str] | None = PrivateAttr(None)
+    """The plan's lines on the split of the GPUs, once it resolved it (:func:`tba.plan.layout.resolve`)."""
 
     max_ahead: int | None = Field(None, ge=1)
     """``ray`` runtime: searchers pause while the groups that have arrived and the trainer has not yet

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -158,11 +158,14 @@ class TrainerConfig(Section):
     weights and optimizer state with no master copy, so updates below ~1/256 of a weight are lost
     (warned at start). ``auto``: bf16-mixed on GPUs with bfloat16, else fp32. Searchers, the reference
     and evaluation keep ``model.dtype``; published weights are cast to it."""
-    num_ranks: int = Field(1, ge=1)
+    num_ranks: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """Trainer processes that the policy is sharded over (FSDP2 per decoder layer, one GPU each on GPUs,
     gloo on CPUs): weights, gradients and AdamW state take 1/N of the memory each. Each step's groups
     are split over them, whole groups; the step equals the 1-rank step on the whole batch. 1: the
-    trainer runs in the ``tba train`` process itself. Ranks run as Ray actors (both runtimes) on one node."""
+    trainer runs in the ``tba train`` process itself. Ranks run as Ray actors (both runtimes) on one node.
+    ``auto``: 1 on a CPU machine or a single GPU; on several GPUs the ray runtime's split of them
+    (``runtime.num_searchers``), with the trainer's memory as a constraint. A resumed run keeps the
+    count it started with (it is in its saved config): the count decides how sums round."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (transformers' activation checkpointing): much less activation memory for one more forward

@@ -34,6 +34,7 @@ from tba.plan.auto import (
     streams,
     tb_trust_region,
 )
+from tba.plan.layout import resolve as resolve_layout
 from tba.plan.placement import (
     actor_gpu_shares,
     local_ray_gpus,
@@ -265,7 +266,7 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
     if r.searcher_resources:
         return "ray", "runtime.searcher_resources places the searchers on chosen nodes"
     device = resolve_device_name(cfg.run.device, hardware)
-    trainer_gpus = max(1, cfg.trainer.num_ranks)
+    trainer_gpus = 1 if cfg.trainer.num_ranks == "auto" else cfg.trainer.num_ranks
     if device.startswith("cuda") and hardware.gpus > trainer_gpus:
         return "ray", f"{hardware.gpus - trainer_gpus} GPU(s) beyond the trainer's {trainer_gpus} for the searchers"
     shared = (
@@ -281,17 +282,17 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
 
 def _resolve_runtime(cfg: Config, hardware: Hardware) -> Config:
     """``cfg`` with ``runtime.type: auto`` decided for ``hardware`` and the settings that follow the
-    runtime (the TB band's ``auto``) validated again; ``cfg`` itself when the type is set. The reason
-    is kept for the plan's ``why``."""
-    if cfg.runtime.type != "auto":
-        return cfg
-    kind, reason = choose_runtime(cfg, hardware)
-    try:
-        resolved = with_values(cfg, {"runtime.type": kind})
-    except ConfigError as err:  # a rule of the chosen runtime: say what auto chose
-        raise ConfigError(f"runtime.type=auto chose {kind} ({reason}); then: {err}") from None
-    resolved.runtime._chosen = reason
-    return resolved
+    runtime (the TB band's ``auto``) validated again, then the split of the GPUs
+    (:func:`tba.plan.layout.resolve`); ``cfg`` itself when all is set. The reasons are kept for the
+    plan's ``why``."""
+    if cfg.runtime.type == "auto":
+        kind, reason = choose_runtime(cfg, hardware)
+        try:
+            cfg = with_values(cfg, {"runtime.type": kind})
+        except ConfigError as err:  # a rule of the chosen runtime: say what auto chose
+            raise ConfigError(f"runtime.type=auto chose {kind} ({reason}); then: {err}") from None
+        cfg.runtime._chosen = reason
+    return resolve_layout(cfg, hardware, lambda: model_location(cfg.model.policy, cfg))
 
 
 def plan_run(cfg: Config, runtime: str | None = None, hardware: Hardware | None = None) -> tuple[Config, Plan]:
@@ -322,9 +323,8 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     cfg = _resolve_runtime(cfg, hw)
     device = resolve_device_name(cfg.run.device, hw)
     o, r, g = cfg.objective, cfg.runtime, cfg.generation
-    why: dict[str, str] = {}
-    if r._chosen:
-        why["runtime"] = f"auto: {r._chosen}"
+    why: dict[str, str] = {"runtime": f"auto: {r._chosen}"} if r._chosen else {}
+    why.update(r._layout or {})
     ray_runtime = r.type == "ray"
     searcher_gpus, eval_gpus, shares_gpu = r.searcher_gpus, cfg.eval.eval_gpus, False
     if ray_runtime and not r.address:  # a cluster's GPUs are known once joined (run_ray fills them in then)

@@ -137,9 +137,10 @@ def driver_holds_gpu(cfg: Config, device: str) -> bool:
 def local_ray_gpus(cfg: Config, device: str, hardware: Hardware) -> tuple[int, bool]:
     """The GPUs a local Ray instance gets, and whether they are the trainer's own one: every GPU
     but the trainer's when there are several (see :mod:`tba.runtime.cluster`)."""
-    if driver_holds_gpu(cfg, device) and hardware.gpus >= 2:
-        return hardware.gpus - 1, False
-    return hardware.gpus, hardware.gpus == 1
+    total = hardware.gpus * hardware.nodes  # (a described cluster's: every node's)
+    if driver_holds_gpu(cfg, device) and total >= 2:
+        return total - 1, False
+    return total, total == 1
 
 
 def local_threads(cfg: Config, trainer: int, searcher: int, rank_threads: int | None) -> list[tuple[str, int]]:

@@ -1,0 +1,258 @@
+"""A cost model of a layout: seconds per step, the trainer's busy fraction and the mean lag of a run,
+predicted from measured parts before a model loads or a machine is rented.
+
+Two levels. :func:`predict` composes the seconds of a step's parts (:class:`StepParts`: a searcher's
+batch, a trainer step, a publication, a load) into a layout's step (:class:`Layout`: sync or ray, S
+searchers, R trainer ranks, whether they share the trainer's GPU). :func:`gpu_parts` gives those
+seconds for a model size on a GPU from the parts file (``parts.json``: each entry measured by a tba
+benchmark with its machine, published by others, or assumed, and said which). On CPUs the parts
+are measured per setting (``benchmarks/bench_parts.py``) and passed in directly.
+
+What the composition assumes, in one place:
+
+- **sync**: a step generates the batch, trains on it and loads the new weights in process, in turn.
+- **ray**: the trainer steps when a step's data is there; with ``trainer.max_replay_ratio`` at 1 the
+  searchers' data bounds it: step = max(trainer step, a step's completions / the searchers' rate).
+  A searcher's batch starts with a load of new weights when a publication came since its last one.
+- **A shared GPU** (searchers on the trainer's one GPU): each slows the other by the measured
+  factors of ``shared_gpu``; on separate devices nothing is shared.
+- **The lag bound** (``runtime.max_lag``): the trainer knows a searcher's weights from its last
+  delivered batch, generated with the version it held a batch earlier, so it takes at most that many
+  steps over two of a searcher's batches: a step lasts at least two batches' seconds over the bound
+  (in bench_scale's first run, 32 searchers of 4.2-s batches under a bound of 32 trained at 0.44
+  of the unbounded rate; this gives 0.48).
+- **Lag** (in steps, of fresh data): a batch trained as it lands is as old as its generation took
+  in steps, plus half a publication interval. Replay of older groups under a surplus is not
+  modelled (the buffer's sampling decides it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+PARTS_FILE = Path(__file__).with_name("parts.json")
+
+
+@lru_cache(maxsize=1)
+def parts() -> dict:
+    """The parts file (``parts.json`` beside this module)."""
+    return json.loads(PARTS_FILE.read_text())
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """Seconds of a step's parts, each on the resources its process has, alone."""
+
+    generate_s: float
+    """A searcher's batch: generation, rewards, reference log-probs."""
+    train_s: float
+    """A trainer step (its ranks' communication included)."""
+    load_s: float
+    """A searcher's fetch and load of one publication."""
+    publish_s: float = 0.0
+    """A publication's seconds on the trainer's path (off it, by a background thread: about 0)."""
+    overhead_s: float = 0.0
+    """The runtime's own seconds in a trainer step (ingesting groups, the buffer, the board)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    runtime: str
+    """``sync`` or ``ray``."""
+    completions_per_step: int
+    """``trainer.batch_prompts`` x ``generation.group_size``."""
+    completions_per_batch: int
+    """A searcher's batch: ``generation.prompts_per_batch`` x ``generation.group_size``."""
+    searchers: int = 1
+    ranks: int = 1
+    shared: bool = False
+    """The searchers share the trainer's GPU (one GPU for all)."""
+    sync_interval: int = 1
+    lag_bound: int | None = None
+    """``runtime.max_lag`` resolved (None: no bound)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_s: float
+    trainer_busy: float
+    """The fraction of the step the trainer computes (1 in sync, where it also generates)."""
+    lag_mean: float
+    """Mean age in steps of the data trained (fresh data; see the module's assumptions)."""
+    bound: str
+    """What sets the pace: ``trainer``, ``searchers``, ``lag`` (the lag bound holds the trainer while
+    a batch is generated) or ``turns`` (sync)."""
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def steps_per_s(self) -> float:
+        return 1.0 / self.step_s
+
+    def describe(self) -> str:
+        return (
+            f"{self.step_s:.3g} s a step ({self.bound}-bound), trainer busy {self.trainer_busy:.2f}, "
+            f"mean lag {self.lag_mean:.2g} step(s)"
+        )
+
+
+def predict(p: StepParts, layout: Layout, shared_gpu: dict | None = None) -> Prediction:
+    """The step of ``layout`` with the seconds of ``p``; ``shared_gpu`` (default: the parts file's)
+    gives how much a searcher and the trainer slow each other on one GPU."""
+    c_step, c_batch, k = layout.completions_per_step, layout.completions_per_batch, layout.sync_interval
+    batches_per_step = c_step / c_batch
+    if layout.runtime == "sync":
+        generate = p.generate_s * batches_per_step
+        step = generate + p.train_s + p.overhead_s + (p.publish_s + p.load_s) / k
+        info = {"generate_s": generate, "train_s": p.train_s, "load_s": p.load_s / k}
+        return Prediction(step, 1.0, (k - 1) / 2, "turns", info)
+    slow = shared_gpu or parts()["shared_gpu"]
+    gen_slow, train_slow = (1 / slow["generation"], slow["trainer"]) if layout.shared else (1.0, 1.0)
+    trainer = (p.train_s + p.publish_s / k) * train_slow + p.overhead_s
+    # a batch starts with a load when a publication came since the last: at most every batch
+    batch, step = p.generate_s * gen_slow + p.load_s, trainer
+    for _ in range(200):  # the fraction of batches that load depends on the step: a fixed point
+        loads = min(1.0, batch / (k * step))
+        new_batch = p.generate_s * gen_slow + p.load_s * loads
+        data = new_batch * c_step / (layout.searchers * c_batch)
+        held = 2 * new_batch / layout.lag_bound if layout.lag_bound else 0.0
+        new = max(trainer, data, held)
+        settled = abs(new - step) < 1e-12 * new and abs(new_batch - batch) < 1e-12 * new_batch
+        batch, step = new_batch, new
+        if settled:
+            break
+    loads = min(1.0, batch / (k * step))
+    bound = max((trainer, "trainer"), (data, "searchers"), (held, "lag"))[1]
+    info = {"generate_s": batch, "train_s": trainer, "data_s": data, "loads_per_batch": loads}
+    return Prediction(step, min(1.0, trainer / step), batch / step + (k - 1) / 2, bound, info)
+
+
+# ---- parts on a GPU, from the parts file ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a step asks of the devices: the model's size and the tokens of its sequences."""
+
+    params: float
+    layers: int
+    prompt_tokens: float
+    completion_tokens: float
+    completions_per_batch: int
+    completions_per_step: int
+    engine: str = "vllm"
+    """``vllm`` or ``hf``: the searchers' generation (eager: the measured engines ran eager)."""
+
+    @property
+    def weight_gb(self) -> float:
+        return 2 * self.params / 1e9  # published in bf16
+
+
+def device_parts(name: str) -> dict:
+    devices = parts()["devices"]
+    if name not in devices:
+        raise KeyError(f"no parts for the device {name!r}; the parts file has {', '.join(sorted(devices))}")
+    return devices[name]
+
+
+def _nearest(entries: list[dict], device: str, **match) -> dict:
+    """The entry measured on ``device`` that matches, else one measured elsewhere (scaled by the
+    caller by the devices' published figures)."""
+    found = [e for e in entries if all(e.get(k) == v for k, v in match.items())]
+    if not found:
+        raise KeyError(f"no measured part for {match}")
+    same = [e for e in found if e["device"] == device]
+    return (same or found)[0]
+
+
+def train_mfu(device: str, params: float | None = None) -> float:
+    """The fraction of ``device``'s peak a trainer step reaches (6 FLOPs a parameter a token): the
+    measured step's (a device with no measurement takes the nearest measured one's), rising in
+    log(parameters) to ``train_at_scale``'s published figure at its size (larger matrices keep the
+    device busier), and no further."""
+    e = _nearest(parts()["train"], device)
+    measured = 6 * e["params"] * e["tokens"] / (e["step_s"] * device_parts(e["device"])["bf16_tflops"] * 1e12)
+    if params is None or params <= e["params"]:
+        return measured
+    top = parts()["train_at_scale"]
+    reach = min(1.0, math.log(params / e["params"]) / math.log(top["params"] / e["params"]))
+    return measured + (max(top["mfu"], measured) - measured) * reach
+
+
+def decode_step_s(device: str, w: Workload, in_flight: int, share: int = 1) -> float:
+    """Seconds of one decode step of ``in_flight`` sequences, with ``share`` engines on the GPU.
+
+    A step takes the longer of the host's work and the device's. The host launches each layer's
+    kernels (a floor per layer, taken from the measured point, where the host sets the pace: so it
+    is the eager engine's) and schedules and samples each sequence (``decode_per_sequence_s``); the
+    device reads the weights once (2 bytes a parameter, at its memory's bandwidth) and computes
+    each sequence's matrix products (at ``decode_mfu`` of its peak), for every engine on the GPU."""
+    dev = device_parts(device)
+    m = _nearest(parts()["decode"], device, engine=w.engine)
+    per_seq = parts()["decode_per_sequence_s"]["value"]
+    mfu = parts()["decode_mfu"]["value"]
+    floor_per_layer = (m["in_flight"] / m["tokens_per_s"] - m["in_flight"] * per_seq) / m["layers"]
+    host = floor_per_layer * w.layers + in_flight * per_seq
+    weights = 2 * w.params / (dev["memory_tb_s"] * 1e12)
+    compute = 2 * w.params / (mfu * dev["bf16_tflops"] * 1e12)
+    return max(host, share * (weights + in_flight * compute))
+
+
+def gpu_parts(
+    device: str,
+    w: Workload,
+    transport: str,
+    ranks: int = 1,
+    searchers_per_gpu: int = 1,
+    remote: float = 0.0,
+) -> StepParts:
+    """The seconds of a step's parts for ``w`` on ``device`` GPUs: a searcher's batch on its GPU
+    (``searchers_per_gpu`` engines sharing it), the trainer step on ``ranks`` GPUs of one node (FSDP:
+    the step split, the weights gathered twice and the gradients reduced once over NVLink), and
+    ``transport``'s publication and load, over the network for the ``remote`` fraction of the
+    searchers that run on other nodes."""
+    dev, p = device_parts(device), parts()
+    peak = dev["bf16_tflops"] * 1e12
+    mfu = train_mfu(device, w.params)
+    n = w.completions_per_batch
+    decode = w.completion_tokens * decode_step_s(device, w, n, searchers_per_gpu)
+    # prefill and the reference model's log-probs: forward passes (2 FLOPs a parameter a token)
+    forwards = n * (w.prompt_tokens + (w.prompt_tokens + w.completion_tokens)) * 2 * w.params / (mfu * peak)
+    generate = decode + forwards * searchers_per_gpu
+    tokens = w.completions_per_step * (w.prompt_tokens + w.completion_tokens)
+    train = tokens * 6 * w.params / (mfu * peak) / ranks
+    if ranks > 1:
+        train += 3 * w.weight_gb * (ranks - 1) / ranks / p["interconnect_gb_s"]["nvlink"]
+    t = p["weights"][transport]
+    load = t.get("fixed_s", 0.0) + w.weight_gb * t["load_s_per_gb"]
+    load += remote * w.weight_gb / p["weights"]["network_gb_s"]["value"]
+    overhead = w.completions_per_step * p["runtime"]["trainer_s_per_completion"]
+    on_path = 0.0 if transport == "in_process" else p["weights"]["on_trainer_path_s"]["value"]
+    return StepParts(generate, train, load, publish_s=on_path, overhead_s=overhead)
+
+
+def trainer_fits(device: str, params: float, ranks: int) -> bool:
+    """Whether the trainer's state (``trainer_bytes_per_param``, sharded over ``ranks``) takes at
+    most 70% of a GPU's memory, leaving the rest for activations."""
+    per = parts()["trainer_bytes_per_param"]["value"]
+    return per * params / ranks <= 0.7 * device_parts(device)["memory_gb"] * 1e9
+
+
+def searchers_fit(device: str, params: float, per_gpu: int) -> bool:
+    """Whether ``per_gpu`` searchers' engines and reference models take at most half a GPU's
+    memory (the rest their KV caches)."""
+    per = parts()["searcher_bytes_per_param"]["value"]
+    return per_gpu * per * params <= 0.5 * device_parts(device)["memory_gb"] * 1e9
+
+
+def gpu_kind(name: str) -> str | None:
+    """The parts file's device for a GPU's name as CUDA reports it (``NVIDIA H100 80GB HBM3``):
+    None for a GPU it has no parts for."""
+    low = name.lower()
+    for key in parts()["devices"]:
+        if key in low:
+            return key
+    return None

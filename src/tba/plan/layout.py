@@ -1,0 +1,272 @@
+"""``runtime.num_searchers: auto`` and ``trainer.num_ranks: auto``: how a machine's GPUs, or a
+cluster's, split between the trainer's ranks and the searchers, by the cost model's predicted steps
+a second (:mod:`tba.plan.cost`), with the trainer's memory and the searchers' as constraints.
+
+Every split of G GPUs into R ranks and G - R searcher GPUs, one, two or four searchers a GPU, is
+predicted for the run's model (its size read from its ``config.json``; nothing loads) and batch,
+and the fastest that fits taken; the plan prints it with the runner-up. A number the user set is
+kept, and only the other is chosen. On a CPU, or one GPU, there is nothing to split: one searcher,
+one rank (the sync runtime generates in the trainer's process anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tba.config import Config, ConfigError
+from tba.hardware import Hardware
+from tba.plan.auto import lag_bound
+from tba.plan.cost import (
+    Layout,
+    Prediction,
+    Workload,
+    gpu_kind,
+    gpu_parts,
+    parts,
+    predict,
+    searchers_fit,
+    trainer_fits,
+)
+
+PROMPT_TOKENS = 128
+"""The prompt length the split assumes (prompts are not read before the plan)."""
+PER_GPU = (1, 2, 4)
+"""Searchers a GPU that the split tries."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    ranks: int
+    searchers: int
+    per_gpu: int
+    prediction: Prediction
+
+    def describe(self) -> str:
+        share = f", {self.per_gpu} a GPU" if self.per_gpu > 1 else ""
+        return f"{self.ranks} rank(s) + {self.searchers} searcher(s){share}: {self.prediction.describe()}"
+
+
+def model_shape(path: str) -> tuple[float, int] | None:
+    """(parameters, layers) of the model at ``path`` from its ``config.json`` (a folder, or a hub
+    id already in the Hugging Face cache), computed from the shapes; None where there is none."""
+    config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(path, "config.json")
+        except Exception:  # not a hub id
+            cached = None
+        if not isinstance(cached, str):
+            return None
+        config = Path(cached)
+    c = json.loads(config.read_text())
+    c = c.get("text_config", c)
+    try:
+        hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    except KeyError:
+        return None
+    heads = c.get("num_attention_heads", 1)
+    kv = c.get("num_key_value_heads", heads)
+    head_dim = c.get("head_dim") or hidden // heads
+    inner = c.get("intermediate_size", 4 * hidden)
+    attention = hidden * head_dim * (2 * heads + 2 * kv)
+    per_layer = attention + 3 * hidden * inner
+    embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
+    return float(layers * per_layer + embeddings), int(layers)
+
+
+def size(params: float) -> str:
+    return f"{params / 1e9:.2g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+
+
+def workload(cfg: Config, shape: tuple[float, int]) -> Workload:
+    g = cfg.generation
+    return Workload(
+        params=shape[0],
+        layers=shape[1],
+        prompt_tokens=PROMPT_TOKENS,
+        completion_tokens=g.max_new_tokens,
+        completions_per_batch=g.prompts_per_batch * g.group_size,
+        completions_per_step=cfg.trainer.batch_prompts * g.group_size,
+        engine=g.backend,
+    )
+
+
+def cost_transport(transport: str) -> str:
+    """The parts file's entry for a weight transport: gloo's broadcast goes through host memory
+    like the object store (not measured apart on a GPU)."""
+    return {"ipc": "ipc", "in_process": "in_process"}.get(transport, "object_store")
+
+
+def candidates(cfg: Config, hw: Hardware, transport: str, shape: tuple[float, int], kind: str) -> list[Candidate]:
+    """Every split that fits, fastest first: R ranks (``trainer.num_ranks`` if set; on one node, as
+    many as the batch has prompts, one if the transport serves no ranks) and the other GPUs'
+    searchers, 1, 2 or 4 a GPU (``runtime.num_searchers`` if set: spread over those GPUs)."""
+    total = hw.gpus * hw.nodes - evaluation_gpus(cfg)
+    w = workload(cfg, shape)
+    fixed_ranks = cfg.trainer.num_ranks if cfg.trainer.num_ranks != "auto" else None
+    fixed_searchers = cfg.runtime.num_searchers if cfg.runtime.num_searchers != "auto" else None
+    most = min(hw.gpus, total - 1, cfg.trainer.batch_prompts)
+    if not weight_transport_serves_ranks(cfg):
+        most = 1
+    found = []
+    for ranks in [fixed_ranks] if fixed_ranks else range(1, most + 1):
+        free = total - ranks
+        if free < 1 or not trainer_fits(kind, w.params, ranks):
+            continue
+        if fixed_searchers:
+            options = [(fixed_searchers, max(1, math.ceil(fixed_searchers / free)))]
+        else:
+            options = [(free * m, m) for m in PER_GPU]
+        cores = hw.cpus * hw.nodes - ranks - 1  # each rank and the tba train process keep a core
+        for searchers, per_gpu in options:
+            crowded = searchers * cfg.runtime.searcher_cpus > cores
+            if not fixed_searchers and (crowded or not searchers_fit(kind, w.params, per_gpu)):
+                continue
+            remote = (total - hw.gpus) / free  # the searcher GPUs on other nodes than the trainer's
+            sp = gpu_parts(kind, w, cost_transport(transport), ranks, per_gpu, remote)
+            c_step, c_batch, k = w.completions_per_step, w.completions_per_batch, cfg.trainer.sync_interval
+            bound = lag_bound(cfg.runtime, k)
+            layout = Layout("ray", c_step, c_batch, searchers, ranks, sync_interval=k, lag_bound=bound)
+            found.append(Candidate(ranks, searchers, per_gpu, predict(sp, layout)))
+    # fastest first; among equals (within 2%), fewer GPUs to the trainer and fewer searchers
+    found.sort(key=lambda c: (round(math.log(c.prediction.step_s) / math.log(1.02)), c.ranks, c.searchers))
+    return found
+
+
+def evaluation_gpus(cfg: Config) -> int:
+    """Whole GPUs that the evaluation actor takes out of the split (``eval.async`` with
+    ``eval.eval_gpus`` of one or more; a share, or none given, shares the searchers')."""
+    e = cfg.eval
+    return int(e.eval_gpus) if e.async_ and e.eval_gpus is not None and e.eval_gpus >= 1 else 0
+
+
+def weight_transport_serves_ranks(cfg: Config) -> bool:
+    from tba.weights.transports import transport
+
+    name = cfg.runtime.weight_transport
+    return name == "auto" or transport(name).serves_ranks
+
+
+def sync_prediction(cfg: Config, hw: Hardware, shape: tuple[float, int], kind: str) -> Prediction:
+    """The sync runtime on ``hw``'s first node for comparison: the ranks train on every GPU there, and
+    generation takes the trainer's first GPU in turn."""
+    w = workload(cfg, shape)
+    ranks = min(hw.gpus, cfg.trainer.batch_prompts)
+    sp = gpu_parts(kind, w, "in_process", ranks)
+    return predict(sp, Layout("sync", w.completions_per_step, w.completions_per_batch, 1, ranks))
+
+
+def choose(cfg: Config, hw: Hardware, transport: str, model_path: str) -> tuple[int, int, dict[str, str]]:
+    """(searchers, ranks, why) for a ray run: what ``auto`` leaves to the split, decided; what the
+    user set, kept. ``why`` holds the plan's lines on the layout (the prediction, the runner-up)."""
+    r, t = cfg.runtime, cfg.trainer
+    ranks = 1 if t.num_ranks == "auto" else t.num_ranks
+    searchers = 1 if r.num_searchers == "auto" else r.num_searchers
+    why: dict[str, str] = {}
+    if r.address and "auto" in (r.num_searchers, t.num_ranks):  # the cluster's GPUs are known once joined
+        searchers, ranks = (1 if x == "auto" else x for x in (searchers, ranks))
+        why["num_searchers"] = (
+            f"auto: {searchers} searcher(s), {ranks} rank(s) on the cluster at {r.address}, whose GPUs the plan "
+            "does not see before it joins: set runtime.num_searchers and trainer.num_ranks (tba train --print-plan "
+            "--hardware=NODESxGPUSxKIND predicts a split)"
+        )
+        return searchers, ranks, why
+    if hw.gpus * hw.nodes < 2 or not cfg.run.device.startswith(("cuda", "auto")):
+        if r.num_searchers == "auto":
+            why["num_searchers"] = "auto: 1, as the searcher shares the trainer's device (nothing to split)"
+        return searchers, ranks, why
+    shape = model_shape(model_path)
+    if shape is None:
+        if r.num_searchers == "auto":
+            searchers = max(1, hw.gpus * hw.nodes - ranks - evaluation_gpus(cfg))
+            why["num_searchers"] = (
+                f"auto: {searchers}, one a GPU beyond the trainer's {ranks}; no config.json for {model_path}, "
+                "so no prediction"
+            )
+        return searchers, ranks, why
+    kind = gpu_kind(hw.gpu_name) or "h100"
+    unknown = "" if gpu_kind(hw.gpu_name) else f" (no parts for {hw.gpu_name or 'this GPU'}: an H100's)"
+    found = candidates(cfg, hw, transport, shape, kind)
+    if not found:
+        why["layout"] = (
+            f"no split of {hw.gpus * hw.nodes} GPUs fits a {size(shape[0])} model's trainer state in "
+            f"{'trainer.num_ranks=' + str(t.num_ranks) if t.num_ranks != 'auto' else 'fewer ranks than GPUs'}"
+        )
+        return searchers, ranks, why
+    best = found[0]
+    runner = next((c for c in found[1:] if (c.ranks, c.searchers) != (best.ranks, best.searchers)), None)
+    sync = sync_prediction(cfg, hw, shape, kind)
+    auto_keys = [k for k, v in (("num_searchers", r.num_searchers), ("num_ranks", t.num_ranks)) if v == "auto"]
+    chosen = f"auto ({', '.join(auto_keys)}): " if auto_keys else ""
+    why["layout"] = (
+        f"{chosen}{best.describe()}; predicted for a {size(shape[0])} model, {PROMPT_TOKENS}-token prompts{unknown}"
+    )
+    if runner is not None:
+        why["runner_up"] = runner.describe()
+    if best.prediction.bound == "lag":
+        why["lag_bound_holds"] = (
+            f"a searcher's batch takes {best.prediction.parts['generate_s']:.3g} s and runtime.max_lag="
+            f"{lag_bound(r, t.sync_interval)} lets the trainer take that many steps over two of them: a higher "
+            "runtime.max_lag (or a smaller generation.prompts_per_batch) lets more GPUs pay"
+        )
+    why["sync_would_take"] = (
+        f"{sync.step_s:.3g} s a step, generating and training in turns on {min(hw.gpus, t.batch_prompts)} rank(s)"
+    )
+    return best.searchers, best.ranks, why
+
+
+def resolve(cfg: Config, hw: Hardware, model_path) -> Config:
+    """``cfg`` with ``runtime.num_searchers`` and ``trainer.num_ranks`` decided where ``auto``
+    (``model_path``: a callable giving the policy's location, read only on several GPUs), and the
+    plan's lines on the layout kept in ``cfg.runtime._layout``; ``cfg`` itself once resolved."""
+    from tba.config import with_values
+    from tba.weights.transports import weight_transport
+
+    if cfg.runtime._layout is not None:
+        return cfg
+    why: dict[str, str] = {}
+    searchers, ranks = cfg.runtime.num_searchers, cfg.trainer.num_ranks
+    if cfg.runtime.type == "ray":
+        transport = weight_transport(cfg.runtime.weight_transport, True)
+        multi = hw.gpus * hw.nodes >= 2 and not cfg.run.device.startswith("cpu")
+        searchers, ranks, why = choose(cfg, hw, transport, model_path() if multi else "")
+    values = {}
+    if cfg.runtime.num_searchers == "auto":
+        values["runtime.num_searchers"] = 1 if searchers == "auto" else searchers
+    if cfg.trainer.num_ranks == "auto":
+        values["trainer.num_ranks"] = 1 if ranks == "auto" else ranks
+    resolved = with_values(cfg, values) if values else cfg
+    resolved.runtime._chosen = cfg.runtime._chosen
+    resolved.runtime._layout = why
+    return resolved
+
+
+def described(spec: str) -> Hardware:
+    """A machine or cluster written out (``tba train --print-plan --hardware=SPEC``): ``8xh100`` (8
+    H100s), ``2x8xh100`` (two nodes of 8), ``cpu`` or ``cpu:16`` (cores, no GPU); ``,cpus=N`` sets
+    the cores of each machine (default: 16 a GPU). GPUs of a kind the cost model knows have bf16."""
+    head, *options = spec.lower().replace(" ", "").split(",")
+    fields = dict(o.split("=", 1) for o in options if "=" in o)
+    unknown = set(fields) - {"cpus"} or {o for o in options if "=" not in o}
+    try:
+        if unknown:
+            raise ValueError
+        if head.startswith("cpu"):
+            return Hardware(cpus=int(fields.get("cpus", head.partition(":")[2] or 2)))
+        *counts, kind = head.split("x")
+        nodes, gpus = ([1] + [int(c) for c in counts])[-2:] if counts else (1, 1)
+        if kind not in parts()["devices"] or nodes < 1 or gpus < 1:
+            raise ValueError
+    except ValueError:
+        kinds = ", ".join(parts()["devices"])
+        raise ConfigError(
+            f"--hardware={spec} is not a machine: write GPUSxKIND (8xh100), NODESxGPUSxKIND (2x8xh100) or "
+            f"cpu:CORES, then ,cpus=N for the cores of each machine; GPU kinds: {kinds}"
+        ) from None
+    name = parts()["devices"][kind]["name"]
+    return Hardware(cpus=int(fields.get("cpus", 16 * gpus)), gpus=gpus, bf16=True, gpu_name=name, nodes=nodes)
