@@ -150,7 +150,7 @@ def test_group_metrics_count_flat_mixed_and_unfinished():
 
 # ---------------------------------------------------------------- metric names and the manual
 
-NAME = re.compile(r"f?\"((?:train|trainer|searcher|buffer|eval|reward|weights)/[^\"\n]*)\"")
+NAME = re.compile(r"f?\"((?:train|trainer|searcher|buffer|eval|reward|weights|prompts)/[^\"\n]*)\"")
 
 
 def task_metrics() -> list[str]:

@@ -46,6 +46,9 @@ class RolloutGroup:
     # environment added it (a tool's result, a user's turn): conditioning, never trained on and
     # left out of every log-prob sum. None: every token is the policy's (one turn)
     action_masks: list[list[int]] | None = None
+    # the prompt's place among those its searcher has drawn (0, 1, ...: across its restarts and a
+    # resumed run), for the trainer's account of every prompt (tba.runtime.ledger); None: untracked
+    draw: int | None = None
 
     def __post_init__(self) -> None:
         k = len(self.completions)

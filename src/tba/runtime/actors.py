@@ -58,6 +58,9 @@ class SearcherWorker:
     def run(self) -> int:
         """Generate until the trainer says stop; returns the number of batches generated."""
         start, batches, paused_s = time.perf_counter(), 0, 0.0
+        place = ray.get(self.inbox.place.remote(self.searcher.searcher_id))
+        if place is not None:  # an earlier process of this searcher's, or a checkpoint's: go on from there
+            self.searcher.resume_place(place)
         while True:
             groups = self.searcher.step()
             batches += 1
@@ -71,7 +74,10 @@ class SearcherWorker:
                 **self.started,
                 "node": self.node,
                 "incarnation": self.incarnation,
+                "place": self.searcher.place(),
+                "dropped_draws": self.searcher.dropped_draws,
             }
+            self.searcher.dropped_draws = []
             errors = self.searcher.new_errors()
             if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
                 return batches

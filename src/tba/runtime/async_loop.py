@@ -106,7 +106,11 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
                 background = _start_actors(cfg, plan, names, shared, actors)
                 startup.mark("starting searchers")
             initial = {}
-            resumed = cfg.run.resume and resume(c, run_dir, log)
+            saved: dict = {}
+            resumed = cfg.run.resume and resume(c, run_dir, log, saved)
+            if resumed:  # each searcher goes on from its place in the checkpoint, not its epoch's start
+                places = {int(i): place for i, place in saved.get("searcher_places", {}).items()}
+                ray.get(inbox.resume_places.remote(places))
             metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
             c.trainer.publish()  # searchers start from the trainer's weights
             c.trainer.flush_publication()
@@ -188,10 +192,18 @@ def _drain(
     c: Components, inbox, run_dir: Path, gate: StepGate, consumed: int | None = None, waiting: bool = False
 ) -> dict[int, dict]:
     groups, stats, errors = ray.get(inbox.drain.remote(consumed, waiting))
+    c.ledger.record(groups, stats)
     c.trainer.ingest(groups)
     gate.add_arrivals(sum(g.size for g in groups))
     log_errors(run_dir, errors)
     return stats
+
+
+def places_of(stats: dict[int, dict]) -> dict[str, dict]:
+    """Each searcher's place (:meth:`tba.searcher.base.Searcher.place`) as of the groups the trainer
+    has drained: a checkpoint's searchers go on from there, so that what the buffer holds and what
+    they draw next meet."""
+    return {str(i): s["place"] for i, s in stats.items() if "place" in s}
 
 
 def _generated(stats: dict[int, dict]) -> float:
@@ -291,6 +303,7 @@ def _train(
             step = trainer.version
             active_s = time.perf_counter() - loop_start - paused_s
             record.update(combine(list(last_stats.values())))  # every searcher's counters (tba.searcher.counters)
+            record.update(c.ledger.metrics())
             record["train/replay_ratio"] = replay_ratio
             record["trainer/wait_s"] = wait_s
             record["trainer/wait_total_s"] = wait_total_s
@@ -317,7 +330,7 @@ def _train(
             if (every and step % every == 0) or step == cfg.trainer.steps:
                 if background:  # its results belong before the checkpoint, like the step's own
                     finished += background.finish()
-                save(c, run_dir)
+                save(c, run_dir, {"searcher_places": places_of(last_stats)})  # (and the ledger: tba.runtime.run_dir)
             _log_evaluations(finished, run_dir, metrics, display, step, watch, pool.log)
             paused_s += time.perf_counter() - t1
             step_end = time.perf_counter()  # evaluation and checkpoints are not pauses of the loop

@@ -4,7 +4,7 @@ build through here, so the sync and ray runtimes train the same thing."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from tba.models.lora import (
 )
 from tba.models.precision import Precision
 from tba.plan import Plan
+from tba.runtime.ledger import PromptLedger
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
 from tba.runtime.preflight import make_task, policy_tokenizer, prepare_task
 from tba.runtime.ranks import RankGroup
@@ -49,6 +50,7 @@ class Components:
     eos_ids: set[int]
     plan: Plan  # with the EOS ids
     evaluator: Evaluator | None = None  # of the policy, built on first evaluation
+    ledger: PromptLedger = field(default_factory=PromptLedger)  # every prompt the searchers drew
 
     @property
     def policy_path(self) -> str:

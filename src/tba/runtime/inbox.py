@@ -18,6 +18,8 @@ class Inbox:
         self.stats: dict[int, dict] = {}
         self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
         self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
+        self.places: dict[int, dict] = {}  # a resumed run's (:meth:`resume_places`)
+        self.dropped: dict[int, list[int]] = {}  # each searcher's dropped draws since the last drain
         self.running = True
         self.max_ahead = max_ahead  # groups arrived and not yet drawn by the trainer (runtime.max_ahead)
         self.arrived = self.consumed = 0
@@ -27,6 +29,7 @@ class Inbox:
     def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
         self.groups.extend(groups)
         self.arrived += len(groups)
+        self.dropped.setdefault(searcher_id, []).extend(stats.pop("dropped_draws", ()))
         last = self.stats.get(searcher_id)
         if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
             self.carried[searcher_id] = carried_counts(last)  # (its streams' prompts in flight are lost)
@@ -34,6 +37,22 @@ class Inbox:
         self.stats[searcher_id] = {**stats, **{k: stats.get(k, 0.0) + v for k, v in carried.items()}}
         self.errors.extend(errors)
         return self.running  # False tells the searcher to stop
+
+    def resume_places(self, places: dict[int, dict]) -> None:
+        """Where each searcher goes on from in a resumed run (before any starts): its place in the
+        checkpoint. The prompts it had in flight there are lost, counted as such (a batch searcher
+        has none)."""
+        self.places = dict(places)
+        for i, place in self.places.items():
+            if place.get("in_flight"):
+                lost = float(place["in_flight"])
+                self.carried[i] = {"searcher/prompts_taken": lost, "searcher/lost_in_flight": lost}
+
+    def place(self, searcher_id: int) -> dict | None:
+        """Where searcher ``searcher_id`` goes on from (:meth:`tba.searcher.base.Searcher.place`): its
+        latest put's, else a resumed run's checkpoint's; None for a searcher that starts afresh."""
+        last = self.stats.get(searcher_id)
+        return last["place"] if last is not None and "place" in last else self.places.get(searcher_id)
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def drain(self, consumed: int | None = None, waiting: bool = False) -> tuple[list, dict[int, dict], list[str]]:
@@ -45,7 +64,9 @@ class Inbox:
         self.trainer_waiting = waiting
         groups, self.groups = self.groups, []
         errors, self.errors = self.errors, []
-        return groups, dict(self.stats), errors
+        dropped, self.dropped = self.dropped, {}
+        stats = {i: {**s, "dropped_draws": dropped.get(i, [])} for i, s in self.stats.items()}
+        return groups, stats, errors
 
     @ray.method(enable_task_events=False)  # polled by a paused searcher
     def ahead(self) -> bool:

@@ -137,6 +137,7 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
         "policy": c.policy_path,
         "task": cfg.task.name,
         "environment": describe_machine(),
+        "prompts": c.ledger.summary(),  # every prompt drawn, per searcher (tba.runtime.ledger)
         **(extra or {}),
     }
     sampled_k = {k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith(("eval/pass@", "eval/maj@"))}

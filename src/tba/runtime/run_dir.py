@@ -152,7 +152,7 @@ def open_run(cfg: Config, console: Console, plan: Plan) -> tuple[Config, Path, t
 def save(c: Components, run_dir: Path, extra: dict | None = None) -> Path:
     """Checkpoint the trainer side and, where this process holds one (the sync runtime), the
     searcher side: its state and the newest published weights, so that a resume continues exactly."""
-    extra = dict(extra or {})
+    extra = {**(extra or {}), "prompts": c.ledger.state_dict()}
     c.trainer.sync_policy()  # trainer ranks: their weights into this process's copy, which is saved
     if c.searcher is not None:
         extra["searcher"] = c.searcher.state_dict()
@@ -181,19 +181,23 @@ def _published(c: Components) -> dict:
     return {"version": version, "weights": dict(state)}
 
 
-def resume(c: Components, run_dir: Path, log) -> bool:
+def resume(c: Components, run_dir: Path, log, extra: dict | None = None) -> bool:
     """Load the latest checkpoint of ``run_dir``; False if there is none. The trainer side
     (weights, optimizer, schedule, buffer, random states) always; with a searcher in this process
     (the sync runtime) also its state and the published weights, which it then republishes: the
-    run continues bit for bit as if it had not stopped."""
+    run continues bit for bit as if it had not stopped. ``extra``, if given, receives what the
+    checkpoint saved beside (the ray runtime's searcher places)."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         log(f"no checkpoint in {run_dir}; starting from scratch")
         return False
     state = read_trainer_state(ckpt)  # refuses an unsafe (pickled) checkpoint before anything loads
+    if extra is not None:
+        extra.update(state["extra"])
     load_policy_weights(c.policy, ckpt)  # the adapter alone for a LoRA policy
     c.trainer.load_state_dict(state["trainer"])
     c.buffer.load_state_dict(state["buffer"])
+    c.ledger.load_state_dict(state["extra"].get("prompts", {}))
     if c.searcher is not None:
         _resume_searcher(c, state["extra"])
     restore_global_rng(state["rng"])  # last: loading models above may draw random numbers

@@ -70,12 +70,20 @@ def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path,
     return run_dir, finish(console, run_dir, c, cfg, start)
 
 
+def searched(c: Components) -> list:
+    """A batch from the searcher, noted in the run's account of its prompts (tba.runtime.ledger)."""
+    groups = c.searcher.step()
+    dropped, c.searcher.dropped_draws = c.searcher.dropped_draws, []
+    c.ledger.record(groups, {c.searcher.searcher_id: {"place": c.searcher.place(), "dropped_draws": dropped}})
+    return groups
+
+
 def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, initial: dict, console: Console) -> None:
     trainer, searcher = c.trainer, c.searcher
     fresh_only = cfg.buffer.fresh_only  # train on each step's own groups; the buffer stays empty
     min_groups = cfg.buffer.min_groups or cfg.trainer.batch_prompts
     while not fresh_only and (c.buffer.num_prompts < min_groups or not c.buffer.can_sample(cfg.trainer.batch_prompts)):
-        trainer.ingest(searcher.step())
+        trainer.ingest(searched(c))
         log_errors(run_dir, searcher.new_errors())
     key = eval_key(c)
     watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
@@ -86,7 +94,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
         display.update(trainer.version, initial)
         while trainer.version < cfg.trainer.steps:
             gen_start = time.perf_counter()
-            groups = searcher.step()
+            groups = searched(c)
             log_errors(run_dir, searcher.new_errors())
             gen_s = time.perf_counter() - gen_start
             peak.reset()  # the trainer's step alone: generation (the engine's memory) is not the trainer's
@@ -104,6 +112,7 @@ def _train(c: Components, cfg: Config, run_dir: Path, metrics: MetricsLogger, in
             step = trainer.version
             record["searcher/generate_s"] = gen_s
             record.update(searcher.metrics())
+            record.update(c.ledger.metrics())
             if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
                 record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
             for message in (watch.observe(step, record), slowdown.observe(gen_s + record.get("train/step_s", 0.0))):

@@ -9,7 +9,7 @@ import importlib
 
 # Loaded on first use (PEP 562): the inbox's process imports tba.searcher.counters, which must not
 # bring torch along.
-_WHERE = {"Searcher": "base", "SearcherStats": "base", "StreamingSearcher": "streaming"}
+_WHERE = {"Searcher": "base", "SearcherStats": "state", "StreamingSearcher": "streaming"}
 __all__ = sorted(_WHERE)
 
 

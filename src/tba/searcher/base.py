@@ -19,40 +19,23 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
 
 import torch
 
 from tba.generation.base import Generator, SamplingParams
-from tba.generation.explore import ExploringGenerator
 from tba.generation.turns import Conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.models.packing import Passes
 from tba.models.packing_choice import choose_packing
 from tba.rewards import RewardStats
 from tba.scoring import ScoringPool
+from tba.searcher.state import Resumable, SearcherStats
 from tba.tasks.base import Prompt, Task
 from tba.types import RolloutGroup
 from tba.weights import Receiver
 
 
-@dataclass
-class SearcherStats:
-    completions: int = 0
-    tokens: int = 0
-    empty: int = 0
-    unfinished: int = 0
-    dropped_groups: int = 0
-    weight_updates: int = 0
-    reward_timeouts: int = 0  # samples whose reward call ran past task.reward_timeout (dropped)
-    turns: int = 0  # multi-turn: the model's replies
-    tool_calls: int = 0
-    tool_errors: int = 0  # calls that could not be read, or raised
-    tool_timeouts: int = 0  # calls past task.tool_timeout
-    environment_errors: int = 0  # conversations dropped because their environment raised
-
-
-class Searcher:
+class Searcher(Resumable):
     def __init__(
         self,
         task: Task,
@@ -107,6 +90,8 @@ class Searcher:
         self.last_reward_mean = float("nan")
         self.stats = SearcherStats()
         self.reward_stats = RewardStats()
+        self.drawn = 0  # prompts drawn so far (with a resumed place: in the run so far)
+        self.dropped_draws: list[int] = []  # the draws of groups dropped since the last report
 
     @property
     def version(self) -> int:
@@ -148,6 +133,8 @@ class Searcher:
     def step(self) -> list[RolloutGroup]:
         self._begin_step()
         prompts = self.task.sample_prompts(self.prompts_per_batch, self.rng)
+        draws = list(range(self.drawn, self.drawn + len(prompts)))
+        self.drawn += len(prompts)
         if self.conversations is not None:
             prompt_ids, outputs = self.conversations.rollout(self.generator, prompts, self.params)
             self.engine_s += self.conversations.take_generate_s()
@@ -160,8 +147,8 @@ class Searcher:
             self.engine_s += time.perf_counter() - start
         kept = self._score(prompts, outputs)
         self._note_reward_mean(kept)
-        prompts, prompt_ids, kept = self._drop_small(prompts, prompt_ids, kept)
-        return self._with_ref_logps(prompts, prompt_ids, kept)
+        prompts, prompt_ids, kept, draws = self._drop_small(prompts, prompt_ids, kept, draws)
+        return self._with_ref_logps(prompts, prompt_ids, kept, draws=draws)
 
     def _begin_step(self) -> None:
         """Load the newest weights (there must be some) and start the engine's clock."""
@@ -249,19 +236,22 @@ class Searcher:
                 mask = out.action_mask
                 kept[i].append((out.token_ids, reward, out.finished, out.token_logps, mask))
 
-    def _drop_small(self, prompts, prompt_ids, kept):
-        """Leave out (and count) the prompts with fewer than two usable completions: no learning
-        signal for a group objective."""
+    def _drop_small(self, prompts, prompt_ids, kept, draws):
+        """Leave out (and count, with their ``draws``) the prompts with fewer than two usable
+        completions: no learning signal for a group objective."""
         keep = [i for i, items in enumerate(kept) if len(items) >= 2]
         self.stats.dropped_groups += len(kept) - len(keep)
-        return [prompts[i] for i in keep], [prompt_ids[i] for i in keep], [kept[i] for i in keep]
+        self.dropped_draws += [d for i, d in enumerate(draws) if i not in keep]
+        pick = lambda xs: [xs[i] for i in keep]  # noqa: E731
+        return pick(prompts), pick(prompt_ids), pick(kept), pick(draws)
 
     @torch.no_grad()
-    def _with_ref_logps(self, prompts, prompt_ids, kept, versions=None) -> list[RolloutGroup]:
+    def _with_ref_logps(self, prompts, prompt_ids, kept, versions=None, draws=None) -> list[RolloutGroup]:
         """Groups of the kept completions (two or more per prompt: see :meth:`_drop_small`) with
         their reference log-probs; ``versions``: each prompt's (oldest, newest) policy version,
-        default this searcher's. Changes no counter but the reference pass's own (``ref_tokens``,
-        ``ref_s``): it may run on a thread of its own, one pass at a time."""
+        default this searcher's; ``draws``: each prompt's :attr:`RolloutGroup.draw`. Changes no
+        counter but the reference pass's own (``ref_tokens``, ``ref_s``): it may run on a thread of
+        its own, one pass at a time."""
         flat_prompts, flat_completions, masks = [], [], []
         for ids, items in zip(prompt_ids, kept, strict=True):
             flat_prompts += [ids] * len(items)
@@ -285,7 +275,8 @@ class Searcher:
             self.ref_tokens += sum(len(p) + len(c) for p, c in zip(flat_prompts, flat_completions, strict=True))
         groups, i = [], 0
         versions = versions or [(self.version, self.version)] * len(prompts)
-        for prompt, ids, items, (oldest, newest) in zip(prompts, prompt_ids, kept, versions, strict=True):
+        draws = draws or [None] * len(prompts)
+        for prompt, ids, items, (oldest, newest), draw in zip(prompts, prompt_ids, kept, versions, draws, strict=True):
             n = len(items)
             groups.append(
                 RolloutGroup(
@@ -301,6 +292,7 @@ class Searcher:
                     sampler_token_logps=[item[3] for item in items] if self.params.logprobs else None,
                     newest_version=newest if newest != oldest else None,
                     action_masks=masks[i : i + n] if multi_turn else None,
+                    draw=draw,
                 )
             )
             i += n
@@ -340,51 +332,6 @@ class Searcher:
         """The oldest weight version a group this searcher sends from now on can start from: its
         own, since a step generates with the weights it holds (the staleness bound counts from it)."""
         return self.version
-
-    def state_dict(self) -> dict:
-        """What a resumed run needs to continue as if never stopped: the weight version, the random
-        states (prompt sampling, exploration), the task's place in its prompt order, the counters,
-        and the reference where TBA′ moved it (its weights: older policies are gone by then)."""
-        state = {
-            "searcher_id": self.searcher_id,
-            "version": self.version,
-            "rng": list(self.rng.getstate()),
-            "task": self.task.sampler_state(),
-            "ref_epoch": self.ref_epoch,
-            "stats": asdict(self.stats),
-            "reward_stats": {
-                "errors": self.reward_stats.errors,
-                "non_finite": self.reward_stats.non_finite,
-                "no_reward": self.reward_stats.no_reward,
-                "reported": sorted(self.reward_stats.reported),
-            },
-        }
-        if isinstance(self.generator, ExploringGenerator):  # its draws
-            state["generator"] = {"rng": list(self.generator.rng.getstate()), "explored": self.generator.explored}
-        if self.ref_epoch > 0:
-            state["reference"] = self.reference.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore a :meth:`state_dict`. The sampler's weights are not part of it: the runtime
-        republishes the weights of ``state["version"]`` (or newer), which :meth:`pull_weights` loads."""
-        if state["searcher_id"] != self.searcher_id:
-            raise ValueError(f"state of searcher {state['searcher_id']} given to searcher {self.searcher_id}")
-        self.version = state["version"]
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
-        self.task.load_sampler_state(state["task"])
-        self.ref_epoch = state["ref_epoch"]
-        if "reference" in state:
-            self.reference.load_state_dict(state["reference"])
-        self.stats = SearcherStats(**state["stats"])
-        r = state["reward_stats"]
-        self.reward_stats.errors, self.reward_stats.non_finite = r["errors"], r["non_finite"]
-        self.reward_stats.no_reward, self.reward_stats.reported = r["no_reward"], set(r["reported"])
-        if "generator" in state:
-            version, internal, gauss = state["generator"]["rng"]
-            self.generator.rng.setstate((version, tuple(internal), gauss))
-            self.generator.explored = state["generator"]["explored"]
 
     def new_errors(self) -> list[str]:
         """First traceback of each failing reward function, each returned once (for ``errors.log``)."""

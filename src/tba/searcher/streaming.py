@@ -119,8 +119,9 @@ class StreamingSearcher(Searcher):
         ``max_in_flight`` more prompts waiting after the engine)."""
         while self.stream.in_flight() < self.max_in_flight and self.in_flight() < 2 * self.max_in_flight:
             (prompt,) = self.task.sample_prompts(1, self.rng)
+            self.drawn += 1
             ids = encode_prompts(self.tokenizer, [prompt], self.chat_template)[0]
-            self.stream.submit((prompt, ids, time.perf_counter(), self.version), ids)
+            self.stream.submit((prompt, ids, time.perf_counter(), self.version, self.drawn - 1), ids)
             self._taken_at[self.version] += 1
             self.prompts_taken += 1
 
@@ -152,6 +153,7 @@ class StreamingSearcher(Searcher):
             self._kept_seen.append(items)
             if len(items) < 2:
                 self.stats.dropped_groups += 1
+                self.dropped_draws.append(f.key[4])
                 self._after_engine -= 1
                 self._taken_at[f.key[3]] -= 1
             else:
@@ -174,8 +176,9 @@ class StreamingSearcher(Searcher):
 
     def _ref_pass(self, batch) -> list[tuple[RolloutGroup, tuple]]:
         versions = [(f.oldest_version, f.newest_version) for f, _ in batch]
+        keys = [f.key for f, _ in batch]
         groups = self._with_ref_logps(
-            [f.key[0] for f, _ in batch], [f.key[1] for f, _ in batch], [items for _, items in batch], versions
+            [k[0] for k in keys], [k[1] for k in keys], [items for _, items in batch], versions, [k[4] for k in keys]
         )
         self.last_versions_per_group = sum(b - a + 1 for a, b in versions) / len(versions)
         return list(zip(groups, [f.key for f, _ in batch], strict=True))

@@ -156,6 +156,7 @@ class DataTask(Task):
         if not self._eval:
             raise DatasetLoadError(f"no evaluation prompts left in {cfg.path}: all are {too_long}")
         self._order: list[int] = []
+        self._epoch: list | None = None  # the random state that shuffled the current epoch
 
     # ------------------------------------------------------------ what subclasses define
 
@@ -188,16 +189,30 @@ class DataTask(Task):
         out = []
         while len(out) < n:
             if not self._order:  # a new epoch, in this caller's own shuffled order
+                self._epoch = [list(x) if isinstance(x, tuple) else x for x in rng.getstate()]
                 self._order = list(self._train)
                 rng.shuffle(self._order)
             out.append(self.make_prompt(self._columns, self._order.pop()))
         return out
 
     def sampler_state(self) -> dict:
-        return {"order": list(self._order)}  # the rest of the current epoch
+        """The current epoch as the random state that shuffled it and the prompts taken from it: a
+        few kilobytes whatever the dataset's size (a searcher of the ray runtime sends it with
+        every batch)."""
+        if not self._order:
+            return {"order": []}
+        return {"epoch": self._epoch, "taken": len(self._train) - len(self._order)}
 
     def load_sampler_state(self, state: dict) -> None:
-        self._order = list(state.get("order", []))
+        if "epoch" not in state:  # an empty epoch, or an older checkpoint's explicit order
+            self._order = list(state.get("order", []))
+            return
+        version, internal, gauss = state["epoch"]
+        rng = random.Random()
+        rng.setstate((version, tuple(internal), gauss))
+        self._epoch, self._order = state["epoch"], list(self._train)
+        rng.shuffle(self._order)
+        del self._order[len(self._order) - state["taken"] :]  # (taken from the end)
 
     def eval_prompts(self) -> list[Prompt]:
         return list(self._eval)

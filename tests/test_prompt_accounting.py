@@ -1,0 +1,255 @@
+"""Every prompt of an epoch is accounted for: a searcher that dies, or a run that is killed and
+resumed, goes on from its place in its prompts (tba.searcher.state) instead of drawing its epoch
+again from the start, and the trainer's ledger (tba.runtime.ledger) counts each draw delivered,
+dropped or in flight, with nothing skipped and nothing delivered twice."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.conftest import components, stored_rollouts
+from tests.helpers.processes import session_processes
+from tests.helpers.tiny_bpe import build_bpe_chat_model
+
+from tba.checkpoint import latest_checkpoint
+from tba.config import load_config
+from tba.metrics import read_metrics
+from tba.runtime.ledger import PromptLedger
+from tba.runtime.preflight import prepare_task
+from tba.types import RolloutGroup
+
+ROWS = 10  # an epoch: each searcher goes through several in a run
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    return build_bpe_chat_model(tmp_path_factory.mktemp("bpe-chat"))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("rows"), pace=0.0)
+
+
+def write_dataset(root: Path, pace: float) -> Path:
+    """The rows, and a reward function that takes ``pace`` seconds a call (a run that must last
+    while a killed searcher's new process starts: its imports and models)."""
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} plus 3?"}], "answer": a + 3} for a in range(ROWS)]
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "rewards.py").write_text(
+        f"import time\n\ndef length(completions, **kwargs):\n    time.sleep({pace})\n"
+        "    return [len(c[0]['content']) / 9 for c in completions]\n"
+    )
+    return root
+
+
+def task_args(chat_model, dataset) -> list[str]:
+    return [
+        f"--model.policy={chat_model}",
+        "--task.name=dataset",
+        f"--task.path={dataset / 'data.jsonl'}",
+        f"--task.reward_funcs=[{dataset / 'rewards.py'}:length]",
+        "--task.eval_size=2",
+        "--task.answer_column=answer",
+        "--generation.group_size=3",
+        "--generation.prompts_per_batch=3",
+        "--generation.max_new_tokens=6",
+        "--trainer.batch_prompts=3",
+    ]
+
+
+def group(searcher: int, draw: int) -> RolloutGroup:
+    return RolloutGroup(f"p{draw}", [1], [[2], [3]], [0.0, 1.0], [0.0, 0.0], 0, searcher_id=searcher, draw=draw)
+
+
+def test_the_ledger_counts_each_draw_once_and_finds_gaps_and_repeats():
+    ledger = PromptLedger()
+    place = lambda drawn, in_flight=0: {"drawn": drawn, "in_flight": in_flight}  # noqa: E731
+    ledger.record([group(0, 0), group(0, 1), group(1, 0)], {0: {"place": place(3), "dropped_draws": [2]}})
+    ledger.record([group(1, 2)], {1: {"place": place(4, in_flight=1), "dropped_draws": []}})
+    assert ledger.metrics() == {
+        "prompts/drawn": 7.0,
+        "prompts/delivered": 4.0,
+        "prompts/dropped": 1.0,
+        "prompts/in_flight": 1.0,
+        "prompts/unaccounted": 1.0,  # searcher 1's draw 1: neither delivered, dropped nor in flight
+        "prompts/twice": 0.0,
+    }
+    ledger.record([group(0, 1)], {})  # a draw delivered again: a searcher that started its epoch over
+    again = PromptLedger()
+    again.load_state_dict(json.loads(json.dumps(ledger.state_dict())))  # as a checkpoint keeps it
+    summary = again.summary()
+    assert summary["0"] == {
+        "drawn": 3,
+        "delivered": 2,
+        "dropped": 1,
+        "in_flight": 0,
+        "unaccounted": 0,
+        "twice": 1,
+        "gaps": [],
+    }
+    assert summary["1"]["gaps"] == [[1, 2]] and summary["1"]["unaccounted"] == 1
+
+
+def test_a_searcher_goes_on_from_its_place_across_epochs(chat_model, dataset):
+    cfg = load_config(None, [*task_args(chat_model, dataset), "--runtime.type=sync"])
+    c = components(cfg)
+    c.trainer.publish()
+    s = c.searcher
+
+    def batches(n: int) -> list[tuple]:
+        return [(g.draw, g.prompt_id) for _ in range(n) for g in s.step()]
+
+    first = batches(2)
+    place = json.loads(json.dumps(s.place()))  # plain data, as it travels and as checkpoints keep it
+    assert place["drawn"] == 6 and place["in_flight"] == 0
+    ahead = batches(4)  # across an epoch's end (10 rows)
+    s.resume_place(place)
+    assert batches(4) == ahead  # the same prompts, with the same draws
+    drawn = [d for d, _ in first + ahead]
+    assert drawn == sorted(set(drawn)) and max(drawn) < 18  # (some groups dropped: too few usable completions)
+
+
+def replayed_ids(cfg, searcher: int, n: int) -> list[str]:
+    """The prompt ids a searcher's first ``n`` draws are, replayed from its seed (tba.searcher.base)."""
+    task = prepare_task(cfg, log=lambda _: None)[0]
+    rng = random.Random(cfg.run.seed * 1000 + searcher)
+    return [p.id for p in task.sample_prompts(n, rng)]
+
+
+SEARCHERS, STEPS, EVERY, PACE = 4, 80, 4, 1.0
+
+
+def start(tmp_path: Path, args: list[str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tba", "train", *args, *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TERM": "dumb"},
+        start_new_session=True,  # its own session: its processes are findable, and killed together
+    )
+
+
+def steps_done(metrics: Path) -> int:
+    return sum(1 for r in read_metrics(metrics) if "train/loss" in r) if metrics.is_file() else 0
+
+
+def drawn_at(metrics: Path, step: int | None) -> float:
+    """``prompts/drawn`` logged at ``step`` (None: the latest), -1 before it is."""
+    records = [r for r in read_metrics(metrics) if "prompts/drawn" in r] if metrics.is_file() else []
+    found = [r["prompts/drawn"] for r in records if step is None or r["step"] == step]
+    return found[-1] if found else -1.0
+
+
+def frozen_after_new_groups(proc: subprocess.Popen, run_dir: Path, metrics: Path) -> bool:
+    """Stop ``proc`` (SIGSTOP) and keep it stopped if it has logged more prompts drawn than at its
+    latest checkpoint; else let it go on (False)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    latest = latest_checkpoint(run_dir)
+    if latest is not None and drawn_at(metrics, int(latest.name.split("_")[1])) < drawn_at(metrics, None):
+        return True
+    os.kill(proc.pid, signal.SIGCONT)
+    time.sleep(0.3)
+    return False
+
+
+def wait_until(proc: subprocess.Popen, done, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if done():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the run did not get there; stderr:\n{proc.communicate()[1][-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(chat_model, tmp_path):
+    """Four searchers on a 10-row dataset: one is killed at a random moment, then, once its new
+    process is back and a checkpoint came after, ``tba train`` itself (SIGKILL: its Ray processes
+    must be gone within 30 s, stopped by the run's watchdog); the run resumes to its end. Each searcher's draws
+    in the resumed run are exactly 0, 1, ... up to its latest: delivered (and trained, or in the
+    buffer) or dropped, none twice, none skipped; their prompts are the searcher's epochs replayed
+    from its seed; what the killed trainer had received after its checkpoint was drawn again."""
+    run_dir, dataset = tmp_path / "r", write_dataset(tmp_path, PACE)
+    args = [
+        *task_args(chat_model, dataset),
+        "--runtime.type=ray",
+        f"--runtime.num_searchers={SEARCHERS}",
+        "--runtime.searcher_cpus=0.25",
+        "--runtime.trainer_cpus=1",
+        "--run.threads=1",
+        f"--trainer.steps={STEPS}",
+        f"--trainer.checkpoint_every={EVERY}",
+        f"--eval.every={STEPS}",
+        "--logging.progress=false",
+        f"--run.output_dir={tmp_path}",
+        "--run.name=r",
+    ]
+    chance = random.Random(0)
+    metrics, errors = run_dir / "metrics.jsonl", run_dir / "errors.log"
+    proc = start(tmp_path, args)
+    try:
+        searchers = lambda: sorted(p for p, cmd in session_processes(proc.pid).items() if "SearcherWorker" in cmd)  # noqa: E731
+        wait_until(proc, lambda: steps_done(metrics) >= 2 and len(searchers()) == SEARCHERS)
+        time.sleep(chance.uniform(0, 1))
+        os.kill(chance.choice(searchers()), signal.SIGKILL)
+        wait_until(proc, lambda: errors.is_file() and "is back after" in errors.read_text())
+        back = steps_done(metrics)  # the new process goes on from the dead one's place
+        checkpoint = (back // EVERY + 2) * EVERY
+        wait_until(proc, lambda: (run_dir / "checkpoints" / f"step_{checkpoint}").is_dir())
+        time.sleep(chance.uniform(0, 1))
+        # stopped (SIGSTOP) where it has taken in groups since its latest checkpoint: they die with
+        # it, and the resumed run must draw them again
+        wait_until(proc, lambda: frozen_after_new_groups(proc, run_dir, metrics))
+        ours = session_processes(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # tba train alone: the watchdog stops its Ray processes
+        killed_at = time.time()
+        proc.wait()
+        alive = ours
+        while alive and time.time() - killed_at < 30:
+            time.sleep(0.2)
+            alive = {pid: cmd for pid, cmd in session_processes(proc.pid).items() if pid in ours}
+        print(f"\nafter SIGKILL of tba train: its {len(ours)} processes were gone in {time.time() - killed_at:.1f} s")
+        assert not alive, f"still alive 30 s after SIGKILL of tba train: {alive}"
+    finally:
+        for pid in session_processes(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    before = read_metrics(metrics)
+    killed_at = max(r["prompts/drawn"] for r in before if "prompts/drawn" in r)
+    assert max(r["searcher/restarts"] for r in before if "searcher/restarts" in r) == 1
+    resumed_from = int(latest_checkpoint(run_dir).name.split("_")[1])
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tba", "train", *args, "--run.resume=true"], capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = load_config(None, args)
+    for account in summary["prompts"].values():
+        assert account["twice"] == 0 and account["gaps"] == [] and account["unaccounted"] == 0, account
+        assert account["delivered"] + account["dropped"] == account["drawn"] and account["in_flight"] == 0
+    # the prompts of the delivered draws are those of each searcher's epochs, replayed from its seed
+    expected = {s: replayed_ids(cfg, int(s), a["drawn"]) for s, a in summary["prompts"].items()}
+    for r in stored_rollouts(run_dir, STEPS):
+        assert r.prompt_id in expected[str(r.searcher_id)]
+    # the resumed run drew again what the killed one had drawn after its last checkpoint
+    at_checkpoint = [r for r in read_metrics(metrics) if r["step"] == resumed_from and "prompts/drawn" in r]
+    reissued = killed_at - at_checkpoint[0]["prompts/drawn"]
+    final = summary["prompts"]
+    print(
+        f"\nprompts: {sum(a['drawn'] for a in final.values())} drawn by {SEARCHERS} searchers, "
+        f"{sum(a['delivered'] for a in final.values())} delivered, {sum(a['dropped'] for a in final.values())} "
+        f"dropped, none twice or skipped; {reissued:g} drawn again after the resume"
+    )
+    assert reissued > 0
