@@ -14,7 +14,9 @@ run as ``python benchmarks/bench_x.py`` has ``benchmarks/`` first on its path, s
 - :mod:`harness.settings`: the training settings two studies share;
 - :mod:`harness.models`: models the benchmarks build (SmolLM2 from its GGUF file, random Qwen2s);
 - :mod:`harness.measure`: in-process measurement (one trainer step's time and peak memory, a row
-  measured in a fresh interpreter).
+  measured in a fresh interpreter);
+- :mod:`harness.standins`: searchers and a trainer update whose model work is a wait, for the real
+  ray runtime at many searchers (``bench_scale.py``, ``bench_scale_faults.py``).
 
 This package is the one place that changes ``sys.path``: it puts the checkout's ``src`` (the
 benchmarks measure this checkout, installed or not) and the repository root (the test suite's model
