@@ -28,6 +28,7 @@ from pathlib import Path
 
 from harness import print_machine
 from harness.standins import StandInUpdates, payload_of, stand_in_searcher
+from tests.helpers.faults import drawn_at, frozen_after_new_groups
 
 from tba.checkpoint import latest_checkpoint
 from tba.config import load_config
@@ -104,13 +105,6 @@ def steps(run_dir: Path) -> int:
     return sum(1 for r in read_metrics(path) if "train/loss" in r) if path.is_file() else 0
 
 
-def drawn_at(run_dir: Path, step: int | None) -> float:
-    path = run_dir / "metrics.jsonl"
-    records = [r for r in read_metrics(path) if "prompts/drawn" in r] if path.is_file() else []
-    found = [r["prompts/drawn"] for r in records if step is None or r["step"] == step]
-    return found[-1] if found else -1.0
-
-
 def wait(proc: subprocess.Popen, done, timeout: float = 900) -> None:
     deadline = time.time() + timeout
     while not done():
@@ -155,16 +149,7 @@ def main() -> None:
     after = (steps(run_dir) // a.checkpoint_every + 1) * a.checkpoint_every
     wait(proc, lambda: (run_dir / "checkpoints" / f"step_{after}").is_dir())
 
-    def frozen() -> bool:  # stopped where it has taken in groups since its latest checkpoint
-        os.kill(proc.pid, signal.SIGSTOP)
-        latest = latest_checkpoint(run_dir)
-        if latest is not None and drawn_at(run_dir, int(latest.name.split("_")[1])) < drawn_at(run_dir, None):
-            return True
-        os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(0.5)
-        return False
-
-    wait(proc, frozen)
+    wait(proc, lambda: frozen_after_new_groups(proc.pid, run_dir))
     checkpoint = int(latest_checkpoint(run_dir).name.split("_")[1])
     drawn_when_killed, drawn_at_checkpoint = drawn_at(run_dir, None), drawn_at(run_dir, checkpoint)
     killed_step = steps(run_dir)

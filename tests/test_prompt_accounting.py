@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import components, stored_rollouts
+from tests.helpers.faults import frozen_after_new_groups
 from tests.helpers.processes import session_processes
 from tests.helpers.tiny_bpe import build_bpe_chat_model
 
@@ -144,25 +145,6 @@ def steps_done(metrics: Path) -> int:
     return sum(1 for r in read_metrics(metrics) if "train/loss" in r) if metrics.is_file() else 0
 
 
-def drawn_at(metrics: Path, step: int | None) -> float:
-    """``prompts/drawn`` logged at ``step`` (None: the latest), -1 before it is."""
-    records = [r for r in read_metrics(metrics) if "prompts/drawn" in r] if metrics.is_file() else []
-    found = [r["prompts/drawn"] for r in records if step is None or r["step"] == step]
-    return found[-1] if found else -1.0
-
-
-def frozen_after_new_groups(proc: subprocess.Popen, run_dir: Path, metrics: Path) -> bool:
-    """Stop ``proc`` (SIGSTOP) and keep it stopped if it has logged more prompts drawn than at its
-    latest checkpoint; else let it go on (False)."""
-    os.kill(proc.pid, signal.SIGSTOP)
-    latest = latest_checkpoint(run_dir)
-    if latest is not None and drawn_at(metrics, int(latest.name.split("_")[1])) < drawn_at(metrics, None):
-        return True
-    os.kill(proc.pid, signal.SIGCONT)
-    time.sleep(0.3)
-    return False
-
-
 def wait_until(proc: subprocess.Popen, done, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
@@ -210,7 +192,7 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
         time.sleep(chance.uniform(0, 1))
         # stopped (SIGSTOP) where it has taken in groups since its latest checkpoint: they die with
         # it, and the resumed run must draw them again
-        wait_until(proc, lambda: frozen_after_new_groups(proc, run_dir, metrics))
+        wait_until(proc, lambda: frozen_after_new_groups(proc.pid, run_dir))
         ours = session_processes(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)  # tba train alone: the watchdog stops its Ray processes
         killed_at = time.time()
