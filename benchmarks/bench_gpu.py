@@ -3,6 +3,7 @@ fraction, generation tokens/s, weight-publish seconds and peak GPU memory, per t
 
     python benchmarks/bench_gpu.py --out runs/bench-gpu                       # Qwen2.5-0.5B's shape, 128 new tokens
     python benchmarks/bench_gpu.py --out runs/bench-gpu --new-tokens 256 --precisions bf16-mixed fp32
+    python benchmarks/bench_gpu.py --out runs/bench-gpu --shape 1.5b          # Qwen2.5-1.5B's shape (1.54B parameters)
     python benchmarks/bench_gpu.py --out /tmp/b --device cpu --shape tiny --steps 3   # a smoke run on a CPU
     python benchmarks/bench_gpu.py --out runs/bench-gpu --publish 4    # the parts of a weight publication
 

@@ -89,6 +89,15 @@ SHAPES = {
         num_key_value_heads=2,
         vocab_size=151936,
     ),
+    # Qwen2.5-1.5B's decoder with random weights (for a GPU: the cost model's trainer at size)
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
     # a smoke size for a CPU
     "tiny": dict(
         hidden_size=64,
