@@ -28,11 +28,11 @@ from pathlib import Path
 
 from harness import print_machine
 from harness.standins import StandInUpdates, payload_of, stand_in_searcher
-from tests.helpers.faults import drawn_at, frozen_after_new_groups
+from tests.helpers.faults import drawn_at, frozen_after_new_groups, steps_done
+from tests.helpers.processes import session_processes
 
 from tba.checkpoint import latest_checkpoint
 from tba.config import load_config
-from tba.metrics import read_metrics
 
 
 def child_config(a: argparse.Namespace, resume: bool):
@@ -86,23 +86,9 @@ def start(a: argparse.Namespace, resume: bool) -> subprocess.Popen:
                             start_new_session=True)  # fmt: skip
 
 
-def processes(sid: int, name: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[3]) == sid and cmd.startswith(name.encode()):
-                found.append(int(entry.name))
-    return found
-
-
-def steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return sum(1 for r in read_metrics(path) if "train/loss" in r) if path.is_file() else 0
+def stand_ins(sid: int) -> list[int]:
+    """The stand-in searcher processes of the run in session ``sid``."""
+    return sorted(pid for pid, cmd in session_processes(sid).items() if cmd.startswith("ray::StandInSearcher"))
 
 
 def wait(proc: subprocess.Popen, done, timeout: float = 900) -> None:
@@ -134,25 +120,25 @@ def main() -> None:
     run_dir, chance = a.out / "runs" / "faults", random.Random(a.seed)
     shutil.rmtree(run_dir, ignore_errors=True)  # (an earlier run)
     proc = start(a, resume=False)
-    wait(proc, lambda: steps(run_dir) >= 20 and len(processes(proc.pid, "ray::StandInSearcher")) == a.searchers)
-    victims = chance.sample(sorted(processes(proc.pid, "ray::StandInSearcher")), a.searchers // 4)
+    wait(proc, lambda: steps_done(run_dir) >= 20 and len(stand_ins(proc.pid)) == a.searchers)
+    victims = chance.sample(stand_ins(proc.pid), a.searchers // 4)
     kill_times = []
     for pid in victims:  # at random moments over about a searcher's two batches
         time.sleep(chance.uniform(0, 2 * a.batch_s / len(victims)))
         os.kill(pid, signal.SIGKILL)
-        kill_times.append(steps(run_dir))
+        kill_times.append(steps_done(run_dir))
         print(f"killed searcher process {pid} at step {kill_times[-1]}", flush=True)
     errors = run_dir / "errors.log"
     wait(proc, lambda: errors.is_file() and errors.read_text().count("is back after") >= len(victims))
     lines = [line for line in errors.read_text().splitlines() if "is back after" in line]
     back = [line.split("is back after")[1].split(" s")[0].strip() for line in lines]
-    after = (steps(run_dir) // a.checkpoint_every + 1) * a.checkpoint_every
+    after = (steps_done(run_dir) // a.checkpoint_every + 1) * a.checkpoint_every
     wait(proc, lambda: (run_dir / "checkpoints" / f"step_{after}").is_dir())
 
     wait(proc, lambda: frozen_after_new_groups(proc.pid, run_dir))
     checkpoint = int(latest_checkpoint(run_dir).name.split("_")[1])
     drawn_when_killed, drawn_at_checkpoint = drawn_at(run_dir, None), drawn_at(run_dir, checkpoint)
-    killed_step = steps(run_dir)
+    killed_step = steps_done(run_dir)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     print(f"killed the trainer at step {killed_step} (checkpoint {checkpoint}); resuming", flush=True)

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from harness import print_machine, row, rule
+from harness.models import SHAPES as MODEL_SHAPES
 from harness.runs import train
 from harness.settings import SETTINGS
 
@@ -217,11 +218,9 @@ def report() -> None:
     OUT.write_text(json.dumps(stored, indent=1) + "\n")
 
 
-SHAPES = {  # published config.json shapes
-    "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, vocab_size=151936, num_attention_heads=14,
-                         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True),
-    "Qwen2.5-1.5B": dict(hidden_size=1536, num_hidden_layers=28, vocab_size=151936, num_attention_heads=12,
-                         num_key_value_heads=2, intermediate_size=8960, tie_word_embeddings=True),
+SHAPES = {  # published config.json shapes (0.5B and 1.5B: those bench_gpu.py builds)
+    "Qwen2.5-0.5B": {**MODEL_SHAPES["0.5b"], "tie_word_embeddings": True},
+    "Qwen2.5-1.5B": {**MODEL_SHAPES["1.5b"], "tie_word_embeddings": True},
     "Qwen2.5-7B": dict(hidden_size=3584, num_hidden_layers=28, vocab_size=152064, num_attention_heads=28,
                        num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False),
     "Rho-1B": dict(hidden_size=2048, num_hidden_layers=22, vocab_size=32000, num_attention_heads=32,

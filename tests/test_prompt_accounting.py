@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import components, stored_rollouts
-from tests.helpers.faults import frozen_after_new_groups
+from tests.helpers.faults import frozen_after_new_groups, steps_done
 from tests.helpers.processes import session_processes
 from tests.helpers.tiny_bpe import build_bpe_chat_model
 
@@ -141,10 +141,6 @@ def start(tmp_path: Path, args: list[str], *extra: str) -> subprocess.Popen:
     )
 
 
-def steps_done(metrics: Path) -> int:
-    return sum(1 for r in read_metrics(metrics) if "train/loss" in r) if metrics.is_file() else 0
-
-
 def wait_until(proc: subprocess.Popen, done, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
@@ -182,11 +178,11 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
     proc = start(tmp_path, args)
     try:
         searchers = lambda: sorted(p for p, cmd in session_processes(proc.pid).items() if "SearcherWorker" in cmd)  # noqa: E731
-        wait_until(proc, lambda: steps_done(metrics) >= 2 and len(searchers()) == SEARCHERS)
+        wait_until(proc, lambda: steps_done(run_dir) >= 2 and len(searchers()) == SEARCHERS)
         time.sleep(chance.uniform(0, 1))
         os.kill(chance.choice(searchers()), signal.SIGKILL)
         wait_until(proc, lambda: errors.is_file() and "is back after" in errors.read_text())
-        back = steps_done(metrics)  # the new process goes on from the dead one's place
+        back = steps_done(run_dir)  # the new process goes on from the dead one's place
         checkpoint = (back // EVERY + 2) * EVERY
         wait_until(proc, lambda: (run_dir / "checkpoints" / f"step_{checkpoint}").is_dir())
         time.sleep(chance.uniform(0, 1))

@@ -176,7 +176,7 @@ def evaluate_target(target: Target) -> dict:
 
     from tba.config import absolute_paths
     from tba.demo import BUILTIN_PREFIX
-    from tba.plan import plan_run
+    from tba.plan import Hardware, plan_run
     from tba.runtime.build import load_evaluator
     from tba.runtime.policy import seed_everything
     from tba.runtime.preflight import prepare_task, ready_plan
@@ -190,7 +190,7 @@ def evaluate_target(target: Target) -> dict:
     log(f"evaluating {target.label}{where}")
     start = time.perf_counter()
     prepared = prepare_task(cfg, log)
-    cfg, plan = plan_run(cfg)
+    cfg, plan = plan_run(cfg, hardware=Hardware.detect())  # (every auto decided; no load watch, as before)
     evaluator = load_evaluator(cfg, ready_plan(cfg, plan, prepared[1], log), target.checkpoint, log, prepared=prepared)
     result = evaluator()
     model = str(target.checkpoint) if target.checkpoint is not None else cfg.model.policy

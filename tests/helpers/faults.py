@@ -13,6 +13,12 @@ from tba.checkpoint import latest_checkpoint
 from tba.metrics import read_metrics
 
 
+def steps_done(run_dir: Path) -> int:
+    """The trainer steps ``run_dir``'s metrics hold so far."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return sum(1 for r in read_metrics(path) if "train/loss" in r) if path.is_file() else 0
+
+
 def drawn_at(run_dir: Path, step: int | None) -> float:
     """``prompts/drawn`` in ``run_dir``'s metrics at ``step`` (None: the latest), -1 before it is."""
     path = Path(run_dir) / "metrics.jsonl"

@@ -113,6 +113,8 @@ def candidates(cfg: Config, hw: Hardware, transport: str, shape: tuple[float, in
     most = min(hw.gpus, total - 1, cfg.trainer.batch_prompts)
     if not weight_transport_serves_ranks(cfg):
         most = 1
+    k = cfg.trainer.sync_interval
+    bound, cost = lag_bound(cfg.runtime, k), cost_transport(transport)
     found = []
     for ranks in [fixed_ranks] if fixed_ranks else range(1, most + 1):
         free = total - ranks
@@ -123,14 +125,13 @@ def candidates(cfg: Config, hw: Hardware, transport: str, shape: tuple[float, in
         else:
             options = [(free * m, m) for m in PER_GPU]
         cores = hw.cpus * hw.nodes - ranks - 1  # each rank and the tba train process keep a core
+        remote = (total - hw.gpus) / free  # the searcher GPUs on other nodes than the trainer's
         for searchers, per_gpu in options:
             crowded = searchers * cfg.runtime.searcher_cpus > cores
             if not fixed_searchers and (crowded or not searchers_fit(kind, w.params, per_gpu)):
                 continue
-            remote = (total - hw.gpus) / free  # the searcher GPUs on other nodes than the trainer's
-            sp = gpu_parts(kind, w, cost_transport(transport), ranks, per_gpu, remote)
-            c_step, c_batch, k = w.completions_per_step, w.completions_per_batch, cfg.trainer.sync_interval
-            bound = lag_bound(cfg.runtime, k)
+            sp = gpu_parts(kind, w, cost, ranks, per_gpu, remote)
+            c_step, c_batch = w.completions_per_step, w.completions_per_batch
             layout = Layout("ray", c_step, c_batch, searchers, ranks, sync_interval=k, lag_bound=bound)
             found.append(Candidate(ranks, searchers, per_gpu, predict(sp, layout)))
     # fastest first; among equals (within 2%), fewer GPUs to the trainer and fewer searchers
@@ -156,20 +157,24 @@ def sync_prediction(cfg: Config, hw: Hardware, shape: tuple[float, int], kind: s
     """The sync runtime on ``hw``'s first node for comparison: the ranks train on every GPU there, and
     generation takes the trainer's first GPU in turn."""
     w = workload(cfg, shape)
-    ranks = min(hw.gpus, cfg.trainer.batch_prompts)
-    sp = gpu_parts(kind, w, "in_process", ranks)
-    return predict(sp, Layout("sync", w.completions_per_step, w.completions_per_batch, 1, ranks))
+    sp = gpu_parts(kind, w, "in_process", sync_ranks(cfg, hw))
+    return predict(sp, Layout("sync", w.completions_per_step, w.completions_per_batch, 1, sync_ranks(cfg, hw)))
 
 
-def choose(cfg: Config, hw: Hardware, transport: str, model_path: str) -> tuple[int, int, dict[str, str]]:
+def sync_ranks(cfg: Config, hw: Hardware) -> int:
+    """The ranks the sync runtime would train on: every GPU of the node, at most a prompt each."""
+    return min(hw.gpus, cfg.trainer.batch_prompts)
+
+
+def choose(cfg: Config, hw: Hardware, transport: str, model_path) -> tuple[int, int, dict[str, str]]:
     """(searchers, ranks, why) for a ray run: what ``auto`` leaves to the split, decided; what the
-    user set, kept. ``why`` holds the plan's lines on the layout (the prediction, the runner-up)."""
+    user set, kept. ``why`` holds the plan's lines on the layout (the prediction, the runner-up).
+    ``model_path``: a callable giving the policy's location, called only where there is a split."""
     r, t = cfg.runtime, cfg.trainer
     ranks = 1 if t.num_ranks == "auto" else t.num_ranks
     searchers = 1 if r.num_searchers == "auto" else r.num_searchers
     why: dict[str, str] = {}
     if r.address and "auto" in (r.num_searchers, t.num_ranks):  # the cluster's GPUs are known once joined
-        searchers, ranks = (1 if x == "auto" else x for x in (searchers, ranks))
         why["num_searchers"] = (
             f"auto: {searchers} searcher(s), {ranks} rank(s) on the cluster at {r.address}, whose GPUs the plan "
             "does not see before it joins: set runtime.num_searchers and trainer.num_ranks (tba train --print-plan "
@@ -180,17 +185,19 @@ def choose(cfg: Config, hw: Hardware, transport: str, model_path: str) -> tuple[
         if r.num_searchers == "auto":
             why["num_searchers"] = "auto: 1, as the searcher shares the trainer's device (nothing to split)"
         return searchers, ranks, why
-    shape = model_shape(model_path)
+    path = model_path()
+    shape = model_shape(path)
     if shape is None:
         if r.num_searchers == "auto":
             searchers = max(1, hw.gpus * hw.nodes - ranks - evaluation_gpus(cfg))
             why["num_searchers"] = (
-                f"auto: {searchers}, one a GPU beyond the trainer's {ranks}; no config.json for {model_path}, "
+                f"auto: {searchers}, one a GPU beyond the trainer's {ranks}; no config.json for {path}, "
                 "so no prediction"
             )
         return searchers, ranks, why
-    kind = gpu_kind(hw.gpu_name) or "h100"
-    unknown = "" if gpu_kind(hw.gpu_name) else f" (no parts for {hw.gpu_name or 'this GPU'}: an H100's)"
+    known = gpu_kind(hw.gpu_name)
+    kind = known or "h100"
+    unknown = "" if known else f" (no parts for {hw.gpu_name or 'this GPU'}: an H100's)"
     found = candidates(cfg, hw, transport, shape, kind)
     if not found:
         why["layout"] = (
@@ -215,7 +222,7 @@ def choose(cfg: Config, hw: Hardware, transport: str, model_path: str) -> tuple[
             "runtime.max_lag (or a smaller generation.prompts_per_batch) lets more GPUs pay"
         )
     why["sync_would_take"] = (
-        f"{sync.step_s:.3g} s a step, generating and training in turns on {min(hw.gpus, t.batch_prompts)} rank(s)"
+        f"{sync.step_s:.3g} s a step, generating and training in turns on {sync_ranks(cfg, hw)} rank(s)"
     )
     return best.searchers, best.ranks, why
 
@@ -232,9 +239,7 @@ def resolve(cfg: Config, hw: Hardware, model_path) -> Config:
     why: dict[str, str] = {}
     searchers, ranks = cfg.runtime.num_searchers, cfg.trainer.num_ranks
     if cfg.runtime.type == "ray":
-        transport = weight_transport(cfg.runtime.weight_transport, True)
-        multi = hw.gpus * hw.nodes >= 2 and not cfg.run.device.startswith("cpu")
-        searchers, ranks, why = choose(cfg, hw, transport, model_path() if multi else "")
+        searchers, ranks, why = choose(cfg, hw, weight_transport(cfg.runtime.weight_transport, True), model_path)
     values = {}
     if cfg.runtime.num_searchers == "auto":
         values["runtime.num_searchers"] = 1 if searchers == "auto" else searchers

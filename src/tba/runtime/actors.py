@@ -74,10 +74,8 @@ class SearcherWorker:
                 **self.started,
                 "node": self.node,
                 "incarnation": self.incarnation,
-                "place": self.searcher.place(),
-                "dropped_draws": self.searcher.dropped_draws,
+                **self.searcher.report(),
             }
-            self.searcher.dropped_draws = []
             errors = self.searcher.new_errors()
             if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
                 return batches

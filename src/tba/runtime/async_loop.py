@@ -106,11 +106,9 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
                 background = _start_actors(cfg, plan, names, shared, actors)
                 startup.mark("starting searchers")
             initial = {}
-            saved: dict = {}
-            resumed = cfg.run.resume and resume(c, run_dir, log, saved)
+            resumed = cfg.run.resume and resume(c, run_dir, log)
             if resumed:  # each searcher goes on from its place in the checkpoint, not its epoch's start
-                places = {int(i): place for i, place in saved.get("searcher_places", {}).items()}
-                ray.get(inbox.resume_places.remote(places))
+                ray.get(inbox.resume_places.remote(c.ledger.places()))
             metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
             c.trainer.publish()  # searchers start from the trainer's weights
             c.trainer.flush_publication()
@@ -197,13 +195,6 @@ def _drain(
     gate.add_arrivals(sum(g.size for g in groups))
     log_errors(run_dir, errors)
     return stats
-
-
-def places_of(stats: dict[int, dict]) -> dict[str, dict]:
-    """Each searcher's place (:meth:`tba.searcher.base.Searcher.place`) as of the groups the trainer
-    has drained: a checkpoint's searchers go on from there, so that what the buffer holds and what
-    they draw next meet."""
-    return {str(i): s["place"] for i, s in stats.items() if "place" in s}
 
 
 def _generated(stats: dict[int, dict]) -> float:
@@ -330,7 +321,7 @@ def _train(
             if (every and step % every == 0) or step == cfg.trainer.steps:
                 if background:  # its results belong before the checkpoint, like the step's own
                     finished += background.finish()
-                save(c, run_dir, {"searcher_places": places_of(last_stats)})  # (and the ledger: tba.runtime.run_dir)
+                save(c, run_dir)  # (with the prompt ledger: each searcher's place, as of the groups taken in)
             _log_evaluations(finished, run_dir, metrics, display, step, watch, pool.log)
             paused_s += time.perf_counter() - t1
             step_end = time.perf_counter()  # evaluation and checkpoints are not pauses of the loop

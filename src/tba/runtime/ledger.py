@@ -6,8 +6,9 @@ prompt's place among those its searcher drew, continued across restarts and resu
 searcher's place), so a prompt drawn twice shows as delivered twice and a prompt skipped as a gap.
 
 It is saved in checkpoints (``extra["prompts"]``) and restored on resume, so that it describes the
-run as it continues: what a killed trainer had received after its last checkpoint is drawn again
-by searchers that go on from the checkpoint's places, and counted once.
+run as it continues. It keeps each searcher's latest place as of the groups taken in, which is
+where a resumed run's searchers go on from: what a killed trainer had received after its last
+checkpoint is drawn again, and counted once.
 """
 
 from __future__ import annotations
@@ -36,9 +37,16 @@ class SearcherAccount:
     dropped: set[int] = field(default_factory=set)
     twice: int = 0
     """Draws that arrived again after they had been delivered or dropped."""
-    drawn: int = 0
-    """Prompts the searcher had drawn at its latest report the trainer received."""
-    in_flight: int = 0
+    place: dict | None = None
+    """The searcher's place at its latest report the trainer took in (:meth:`Searcher.place`)."""
+
+    @property
+    def drawn(self) -> int:
+        return self.place["drawn"] if self.place else 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.place.get("in_flight", 0) if self.place else 0
 
     @property
     def unaccounted(self) -> int:
@@ -67,10 +75,12 @@ class PromptLedger:
             a = self.accounts.setdefault(i, SearcherAccount())
             for draw in report.get("dropped_draws", ()):
                 a.note(draw, a.dropped)
-            place = report.get("place")
-            if place is not None:
-                a.drawn = max(a.drawn, place["drawn"])
-                a.in_flight = place.get("in_flight", 0)
+            if report.get("place") is not None:
+                a.place = report["place"]
+
+    def places(self) -> dict[int, dict]:
+        """Each searcher's latest place: where a resumed run's searchers go on from."""
+        return {i: a.place for i, a in self.accounts.items() if a.place is not None}
 
     def metrics(self) -> dict[str, float]:
         """The run's totals, logged with each step (``prompts/...``)."""
@@ -107,16 +117,13 @@ class PromptLedger:
                 "delivered": _ranges(a.delivered),
                 "dropped": _ranges(a.dropped),
                 "twice": a.twice,
-                "drawn": a.drawn,
-                "in_flight": a.in_flight,
+                "place": a.place,
             }
             for i, a in self.accounts.items()
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.accounts = {
-            int(i): SearcherAccount(
-                _values(s["delivered"]), _values(s["dropped"]), s["twice"], s["drawn"], s["in_flight"]
-            )
+            int(i): SearcherAccount(_values(s["delivered"]), _values(s["dropped"]), s["twice"], s["place"])
             for i, s in state.items()
         }

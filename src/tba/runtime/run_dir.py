@@ -181,19 +181,16 @@ def _published(c: Components) -> dict:
     return {"version": version, "weights": dict(state)}
 
 
-def resume(c: Components, run_dir: Path, log, extra: dict | None = None) -> bool:
+def resume(c: Components, run_dir: Path, log) -> bool:
     """Load the latest checkpoint of ``run_dir``; False if there is none. The trainer side
     (weights, optimizer, schedule, buffer, random states) always; with a searcher in this process
     (the sync runtime) also its state and the published weights, which it then republishes: the
-    run continues bit for bit as if it had not stopped. ``extra``, if given, receives what the
-    checkpoint saved beside (the ray runtime's searcher places)."""
+    run continues bit for bit as if it had not stopped."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         log(f"no checkpoint in {run_dir}; starting from scratch")
         return False
     state = read_trainer_state(ckpt)  # refuses an unsafe (pickled) checkpoint before anything loads
-    if extra is not None:
-        extra.update(state["extra"])
     load_policy_weights(c.policy, ckpt)  # the adapter alone for a LoRA policy
     c.trainer.load_state_dict(state["trainer"])
     c.buffer.load_state_dict(state["buffer"])

@@ -73,8 +73,7 @@ def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path,
 def searched(c: Components) -> list:
     """A batch from the searcher, noted in the run's account of its prompts (tba.runtime.ledger)."""
     groups = c.searcher.step()
-    dropped, c.searcher.dropped_draws = c.searcher.dropped_draws, []
-    c.ledger.record(groups, {c.searcher.searcher_id: {"place": c.searcher.place(), "dropped_draws": dropped}})
+    c.ledger.record(groups, {c.searcher.searcher_id: c.searcher.report()})
     return groups
 
 

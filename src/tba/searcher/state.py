@@ -47,6 +47,12 @@ class Resumable:
             "in_flight": self.in_flight(),
         }
 
+    def report(self) -> dict:
+        """What the trainer's prompt ledger takes from each batch (:mod:`tba.runtime.ledger`): the
+        :meth:`place` after it, and the draws dropped since the last report (taken)."""
+        dropped, self.dropped_draws = self.dropped_draws, []
+        return {"place": self.place(), "dropped_draws": dropped}
+
     def resume_place(self, place: dict) -> None:
         """Continue from a :meth:`place` of this searcher's earlier process (or of a checkpoint)."""
         version, internal, gauss = place["rng"]
