@@ -154,10 +154,11 @@ def wait_until(proc: subprocess.Popen, done, timeout: float = 180) -> None:
 def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(chat_model, tmp_path):
     """Four searchers on a 10-row dataset: one is killed at a random moment, then, once its new
     process is back and a checkpoint came after, ``tba train`` itself (SIGKILL: its Ray processes
-    must be gone within 30 s, stopped by the run's watchdog); the run resumes to its end. Each searcher's draws
-    in the resumed run are exactly 0, 1, ... up to its latest: delivered (and trained, or in the
-    buffer) or dropped, none twice, none skipped; their prompts are the searcher's epochs replayed
-    from its seed; what the killed trainer had received after its checkpoint was drawn again."""
+    must be gone within 30 s, stopped by the run's watchdog); the run resumes for two more
+    checkpoints. Each searcher's draws in the resumed run are exactly 0, 1, ... up to its latest:
+    delivered (and trained, or in the buffer) or dropped, none twice, none skipped; their prompts
+    are the searcher's epochs replayed from its seed; what the killed trainer had received after
+    its checkpoint was drawn again."""
     run_dir, dataset = tmp_path / "r", write_dataset(tmp_path, PACE)
     args = [
         *task_args(chat_model, dataset),
@@ -208,8 +209,12 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
     assert max(r["searcher/restarts"] for r in before if "searcher/restarts" in r) == 1
     resumed_from = int(latest_checkpoint(run_dir).name.split("_")[1])
 
+    final = resumed_from + 2 * EVERY  # enough to take in what the killed run had after its checkpoint
     resumed = subprocess.run(
-        [sys.executable, "-m", "tba", "train", *args, "--run.resume=true"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "tba", "train", *args, "--run.resume=true", f"--trainer.steps={final}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -219,15 +224,15 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
         assert account["delivered"] + account["dropped"] == account["drawn"] and account["in_flight"] == 0
     # the prompts of the delivered draws are those of each searcher's epochs, replayed from its seed
     expected = {s: replayed_ids(cfg, int(s), a["drawn"]) for s, a in summary["prompts"].items()}
-    for r in stored_rollouts(run_dir, STEPS):
+    for r in stored_rollouts(run_dir, final):
         assert r.prompt_id in expected[str(r.searcher_id)]
     # the resumed run drew again what the killed one had drawn after its last checkpoint
     at_checkpoint = [r for r in read_metrics(metrics) if r["step"] == resumed_from and "prompts/drawn" in r]
     reissued = killed_at - at_checkpoint[0]["prompts/drawn"]
-    final = summary["prompts"]
+    accounts = summary["prompts"]
     print(
-        f"\nprompts: {sum(a['drawn'] for a in final.values())} drawn by {SEARCHERS} searchers, "
-        f"{sum(a['delivered'] for a in final.values())} delivered, {sum(a['dropped'] for a in final.values())} "
+        f"\nprompts: {sum(a['drawn'] for a in accounts.values())} drawn by {SEARCHERS} searchers, "
+        f"{sum(a['delivered'] for a in accounts.values())} delivered, {sum(a['dropped'] for a in accounts.values())} "
         f"dropped, none twice or skipped; {reissued:g} drawn again after the resume"
     )
     assert reissued > 0
