@@ -38,6 +38,7 @@ HEAVY_FIRST = [
     "test_ray_runtime.py",
     "test_ray_objectives.py",
     "test_cli_integration.py",
+    "test_reasoning_gym.py",
     "test_ray_survival.py",
     "test_checkpoints.py",
     "test_ray_actors.py",

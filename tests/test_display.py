@@ -179,6 +179,7 @@ FAMILIES: dict[str, Callable[[], list[str]]] = {
     "eval/{c.task.eval_metric}": task_metrics,
     "eval/{task.eval_metric}": task_metrics,
     "eval/{name}": sampled_metric_names,
+    "eval/{task.eval_metric}/{group}": lambda: ["eval/reward/<dataset>"],
     "reward/{name}_mean": lambda: ["reward/<name>_mean"],
     "train/{'log_z' if key == 'log_z_mean' else key}": objective_metrics,
 }

@@ -73,6 +73,7 @@ def evaluate(
     }
     if len(scored) < len(scores):
         metrics["eval/unscored"] = float(len(scores) - len(scored))
+    metrics.update(_per_group(task, prompts, scores))
     if conversations is not None:
         metrics["eval/turns"] = sum(o.turns for o in outs) / len(outs)
     if settings.samples > 1:
@@ -85,6 +86,16 @@ def evaluate(
         for sample, o in zip(samples, outs, strict=False):
             sample["conversation"] = o.messages
     return EvalResult(metrics, samples)
+
+
+def _per_group(task: Task, prompts, scores) -> dict[str, float]:
+    """Each part's mean score (:meth:`Task.eval_group`), where the task has parts."""
+    parts: dict[str, list[float]] = {}
+    for p, s in zip(prompts, scores, strict=True):
+        group = task.eval_group(p)
+        if group is not None and s is not None:
+            parts.setdefault(group, []).append(s)
+    return {f"eval/{task.eval_metric}/{group}": sum(v) / len(v) for group, v in sorted(parts.items())}
 
 
 def _generate(generator, tokenizer, prompts, params, chat_template, conversations):

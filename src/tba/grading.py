@@ -32,7 +32,7 @@ __all__ = [
 
 # A sign must touch its digits, so the minus of "5 - 3 = 2" is not read as part of "-3". The decimal
 # alternative comes first so that "18." and "3.5" are taken whole rather than as "18" or "3".
-_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:e[-+]?[0-9]+)?")
+NUMBER = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:e[-+]?[0-9]+)?")
 
 # math-verify's own default limits (seconds); used only where its signal.alarm timer can work.
 _MATH_VERIFY_TIMEOUT_S = 5
@@ -43,7 +43,7 @@ _LATEX_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 
 def extract_last_number(text: str) -> float | None:
     """The last signed number in ``text`` after removing commas, or None when there is none."""
-    matches = _NUMBER.findall(text.replace(",", ""))
+    matches = NUMBER.findall(text.replace(",", ""))
     if not matches:
         return None
     return float(matches[-1])

@@ -41,7 +41,20 @@ def _redteam(cfg, **kwargs) -> Task:
     return RedteamTask(cfg, **kwargs)
 
 
-TASKS = {"arithmetic": _arithmetic, "dataset": _dataset, "gsm8k": _gsm8k, "tldr": _tldr, "redteam": _redteam}
+def _reasoning_gym(cfg, **kwargs) -> Task:
+    from tba.tasks.reasoning_gym import ReasoningGymTask  # imports reasoning_gym: only when asked for
+
+    return ReasoningGymTask(cfg, **kwargs)
+
+
+TASKS = {
+    "arithmetic": _arithmetic,
+    "dataset": _dataset,
+    "gsm8k": _gsm8k,
+    "tldr": _tldr,
+    "redteam": _redteam,
+    "reasoning_gym": _reasoning_gym,
+}
 
 
 def build_task(cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None) -> Task:

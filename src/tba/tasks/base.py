@@ -108,6 +108,11 @@ class Task(ABC):
     def is_success(self, score: float) -> bool:
         return score > 0.5
 
+    def eval_group(self, prompt: Prompt) -> str | None:
+        """The part of the evaluation split a prompt belongs to (a dataset of a mix): evaluation logs
+        each part's mean score as ``eval/<eval_metric>/<group>`` beside the whole's. None: no parts."""
+        return None
+
     def answer_key(self, completion: str) -> str | None:
         """The answer a completion gives, for majority voting (maj@k); by default the whole text."""
         return completion.strip() or None

@@ -116,27 +116,8 @@ class DataTask(Task):
         self.cfg = cfg
         self.log = log
         self.dropped_long = self.dropped_long_eval = 0
-        train = load_split(cfg.path, cfg.config, cfg.split)
-        if cfg.max_rows is not None:
-            train = {k: v[: cfg.max_rows] for k, v in train.items()}
-        self.check_columns(train, f"{cfg.path} split {cfg.split!r}")
-        if cfg.eval_path or cfg.eval_split:
-            held = load_split(cfg.eval_path or cfg.path, cfg.config, cfg.eval_split or cfg.split)
-            self.check_columns(held, f"the evaluation split of {cfg.eval_path or cfg.path}")
-            train_rows, eval_rows = list(range(_num_rows(train))), None
-        else:
-            n = _num_rows(train)
-            if cfg.eval_size >= n:
-                raise DatasetLoadError(
-                    f"task.eval_size {cfg.eval_size} holds out every row of {cfg.path} ({n} rows); "
-                    "lower task.eval_size, or give task.eval_split / task.eval_path"
-                )
-            held_idx = set(random.Random(cfg.seed).sample(range(n), cfg.eval_size))
-            train_rows = [i for i in range(n) if i not in held_idx]
-            eval_rows, held = sorted(held_idx), train
-        self._eval = [
-            self.make_prompt(held, i) for i in (eval_rows if eval_rows is not None else range(_num_rows(held)))
-        ]
+        train, train_rows, held, eval_rows = self.load_columns()
+        self._eval = [self.make_prompt(held, i) for i in eval_rows]
         eval_ids = {p.id for p in self._eval}
         self._columns = train
         self._ids = {i: self.prompt_id(train, i) for i in train_rows}
@@ -152,13 +133,40 @@ class DataTask(Task):
             why = f"all {self.dropped_long} are {too_long}"
             if not self.dropped_long:
                 why = "every row is held out for evaluation or repeats an evaluation prompt; give more rows"
-            raise DatasetLoadError(f"no training prompts left in {cfg.path}: {why}")
+            raise DatasetLoadError(f"no training prompts left in {self.source}: {why}")
         if not self._eval:
-            raise DatasetLoadError(f"no evaluation prompts left in {cfg.path}: all are {too_long}")
+            raise DatasetLoadError(f"no evaluation prompts left in {self.source}: all are {too_long}")
         self._order: list[int] = []
         self._epoch: list | None = None  # the random state that shuffled the current epoch
 
     # ------------------------------------------------------------ what subclasses define
+
+    @property
+    def source(self) -> str:
+        """Where the prompts come from, for messages."""
+        return self.cfg.path
+
+    def load_columns(self) -> tuple[dict[str, list], list[int], dict[str, list], list[int]]:
+        """The training columns and the rows of them to train on; the evaluation columns and their
+        rows. By default from ``task.path``: ``eval_split`` / ``eval_path`` if given, else
+        ``eval_size`` rows held out of the training split with ``task.seed``."""
+        cfg = self.cfg
+        train = load_split(cfg.path, cfg.config, cfg.split)
+        if cfg.max_rows is not None:
+            train = {k: v[: cfg.max_rows] for k, v in train.items()}
+        self.check_columns(train, f"{cfg.path} split {cfg.split!r}")
+        n = _num_rows(train)
+        if cfg.eval_path or cfg.eval_split:
+            held = load_split(cfg.eval_path or cfg.path, cfg.config, cfg.eval_split or cfg.split)
+            self.check_columns(held, f"the evaluation split of {cfg.eval_path or cfg.path}")
+            return train, list(range(n)), held, list(range(_num_rows(held)))
+        if cfg.eval_size >= n:
+            raise DatasetLoadError(
+                f"task.eval_size {cfg.eval_size} holds out every row of {cfg.path} ({n} rows); "
+                "lower task.eval_size, or give task.eval_split / task.eval_path"
+            )
+        held_idx = set(random.Random(cfg.seed).sample(range(n), cfg.eval_size))
+        return train, [i for i in range(n) if i not in held_idx], train, sorted(held_idx)
 
     def check_columns(self, columns: dict[str, list], where: str) -> None:
         """Raise :class:`DatasetLoadError` if a column the task needs is missing."""

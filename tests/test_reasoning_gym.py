@@ -1,0 +1,179 @@
+"""reasoning-gym's procedural datasets as a task (``task.name: reasoning_gym``), against the real
+package: its problems, its ``score_answer``, a mix reported per dataset, the held-out split from
+another seed, bad settings named in one line, and training that raises the held-out reward."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+import reasoning_gym
+from reasoning_gym.composite import DatasetSpec
+from reasoning_gym.utils import SYSTEM_PROMPTS
+from tests.conftest import start_local_ray
+from tests.helpers.tiny_bpe import build_bpe_chat_model
+
+from tba.config import ConfigError, load_config
+from tba.metrics import read_metrics
+from tba.rewards import RewardStats
+from tba.tasks import build_task
+
+MIX = "--task.datasets=[{name: chain_sum, weight: 2, config: {max_terms: 2, max_digits: 1}}, {name: letter_counting}]"
+# One-digit sums and differences written as the demo model reads them: `5 - 9=` (reasoning-gym
+# spaces its expressions; the demo model was warm-started on `37+85=`, so it starts low)
+SUMS = [
+    "--task.name=reasoning_gym",
+    "--task.datasets=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}]",
+    "--task.template={expression}=",
+    "--task.answer_format=text",
+]
+
+
+def task_of(*overrides: str, tokenizer=None):
+    cfg = load_config(None, ["--task.name=reasoning_gym", *overrides])
+    return build_task(cfg.task, tokenizer=tokenizer, log=lambda _: None), cfg
+
+
+def test_prompts_are_the_packages_problems_and_the_held_out_ones_come_from_another_seed():
+    task, cfg = task_of(MIX, "--task.size=300", "--task.eval_size=40", "--task.system_prompt=direct")
+    specs = [DatasetSpec(d.name, d.weight, dict(d.config)) for d in cfg.task.datasets]
+    held = reasoning_gym.create_dataset("composite", size=40, seed=cfg.task.seed + 1_000_000, datasets=specs)
+    evals = task.eval_prompts()
+    assert [p.text for p in evals] == [e["question"] for e in held]  # the last user turn
+    assert [p.answer for p in evals] == [e["answer"] for e in held]
+    assert all(p.messages[0] == {"role": "system", "content": SYSTEM_PROMPTS["direct"]} for p in evals)
+    train = task.sample_prompts(600, random.Random(0))  # two epochs
+    assert not {p.id for p in train} & {p.id for p in evals}
+    # weights 2 : 1 (about 200 of the 300 problems are chain_sum's)
+    share = sum(p.columns["dataset"] == "chain_sum" for p in train) / len(train)
+    assert 0.55 < share < 0.78, share
+
+
+def test_each_dataset_of_a_mix_scores_its_own_problems_with_the_packages_score_answer():
+    task, _ = task_of(MIX, "--task.size=60", "--task.eval_size=10")
+    prompts = task.sample_prompts(12, random.Random(1))
+    assert {p.columns["dataset"] for p in prompts} == {"chain_sum", "letter_counting"}
+    right = [f"I think <answer>{p.answer}</answer>" for p in prompts]
+    wrong = [f"<answer>{p.answer}</answer> or rather <answer>{int(p.answer) + 1}</answer>" for p in prompts]
+    untagged = [p.answer for p in prompts]
+    stats = RewardStats()
+    assert task.rewards(prompts, right, [[]] * 12, stats) == [1.0] * 12
+    assert set(stats.last_means) == {"chain_sum", "letter_counting"}
+    assert task.rewards(prompts, wrong, [[]] * 12, stats) == [0.0] * 12  # the last tags are the answer
+    assert task.rewards(prompts, untagged, [[]] * 12, stats) == [0.0] * 12
+    text, _ = task_of(MIX, "--task.size=60", "--task.eval_size=10", "--task.answer_format=text")
+    assert text.rewards(prompts, untagged, [[]] * 12, stats) == [1.0] * 12
+    sentences = [f"{int(p.answer) + 1} is wrong; the answer is {p.answer}." for p in prompts]
+    number, _ = task_of(MIX, "--task.size=60", "--task.eval_size=10", "--task.answer_format=last_number")
+    assert number.rewards(prompts, sentences, [[]] * 12, stats) == [1.0] * 12
+    assert number.answer("about 1,234.") == "1234" and number.answer("none") is None
+    # reasoning-gym's own partial credit: the reference inside a longer answer
+    p = prompts[0]
+    long = f"{p.answer} apples"
+    expected = reasoning_gym.create_dataset(p.columns["dataset"]).score_answer(long, p.columns["entry"])
+    assert text.rewards([p], [long], [[]], stats) == [expected]
+    assert 0 < text.rewards([p], [long], [[]], stats)[0] < 1
+    assert task.answer_key(right[0]) == prompts[0].answer and task.is_success(1.0) and not task.is_success(0.9)
+
+
+def test_the_template_reads_the_problems_metadata():
+    task, _ = task_of(*SUMS[1:], "--task.size=20", "--task.eval_size=5")
+    p = task.eval_prompts()[0]
+    assert p.text == p.columns["entry"]["metadata"]["expression"] + "=" and p.messages is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--task.datasets=[chian_sum]"], "reasoning-gym has no dataset 'chian_sum' (did you mean chain_sum"),
+        (["--task.datasets=[{name: chain_sum, config: {digits: 2}}]"], "its settings are: min_terms, max_terms"),
+        (["--task.datasets=[{name: chain_sum, config: {min_terms: 0}}]"], "min_terms must be positive"),
+        (["--task.datasets=chain_sum", "--task.template={expr}="], "task.template '{expr}=' cannot be filled"),
+        (["--task.datasets=chain_sum", "--task.eval_seed=1300"], "would repeat training ones"),
+        (["--task.datasets=[chain_sum, chain_sum]"], "listed twice"),
+    ],
+    ids=["unknown", "key", "value", "template", "seeds", "twice"],
+)
+def test_bad_settings_are_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        task_of(*overrides)
+    assert message in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def test_without_the_package_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # as if not installed: its import fails
+    with pytest.raises(ConfigError, match=r"needs the reasoning-gym package .*pip install 'tba\[reasoning-gym\]'"):
+        task_of("--task.datasets=chain_sum")
+
+
+@pytest.mark.slow
+def test_the_demo_model_learns_reasoning_gym_sums_in_the_sync_runtime(tmp_path):
+    """The shipped demo model on reasoning-gym's one-digit sums: the held-out greedy reward rises."""
+    from tba.runtime.sync_loop import run_sync
+
+    steps = 150
+    cfg = load_config(
+        None,
+        [
+            *SUMS,
+            "--task.size=500",
+            "--task.eval_size=100",
+            "--runtime.type=sync",
+            "--run.threads=1",
+            "--run.seed=0",
+            "--generation.max_new_tokens=4",
+            f"--trainer.steps={steps}",
+            f"--eval.every={steps}",
+            "--logging.progress=false",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=sums",
+        ],
+    )
+    run_dir, _ = run_sync(cfg)
+    evals = {r["step"]: r["eval/reward"] for r in read_metrics(run_dir / "metrics.jsonl") if "eval/reward" in r}
+    print(f"\nheld-out reward: {evals[0]:.3f} before, {evals[steps]:.3f} after {steps} steps")
+    assert evals[steps] > evals[0] + 0.05, evals
+
+
+@pytest.mark.slow
+def test_a_mix_trains_in_the_ray_runtime_with_rewards_per_dataset(tmp_path, _ray_for_the_session):
+    """A chat model with a system prompt from reasoning-gym: each dataset's training reward and
+    held-out reward are logged, and the held-out mean is theirs weighted by their problems."""
+    from tba.runtime.async_loop import run_ray
+
+    start_local_ray()
+    model = build_bpe_chat_model(tmp_path / "chat")
+    cfg = load_config(
+        None,
+        [
+            "--task.name=reasoning_gym",
+            MIX,
+            "--task.system_prompt=direct",
+            "--task.size=100",
+            "--task.eval_size=12",
+            f"--model.policy={model}",
+            "--runtime.type=ray",
+            "--runtime.trainer_cpus=1",
+            "--generation.max_new_tokens=8",
+            "--generation.prompts_per_batch=4",
+            "--trainer.batch_prompts=4",
+            "--trainer.steps=3",
+            "--eval.every=3",
+            "--logging.progress=false",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=mix",
+        ],
+    )
+    run_dir, summary = run_ray(cfg)
+    assert summary["trainer_steps"] == 3
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert any("reward/chain_sum_mean" in r for r in rows) and any("reward/letter_counting_mean" in r for r in rows)
+    (last,) = [r for r in rows if r["step"] == 3 and "eval/reward" in r]
+    task, _ = task_of(MIX, "--task.size=100", "--task.eval_size=12", "--task.system_prompt=direct")
+    counts = {
+        name: sum(p.columns["dataset"] == name for p in task.eval_prompts())
+        for name in ("chain_sum", "letter_counting")
+    }
+    weighted = sum(last[f"eval/reward/{name}"] * n for name, n in counts.items()) / sum(counts.values())
+    assert last["eval/reward"] == pytest.approx(weighted, abs=1e-9)
