@@ -406,3 +406,19 @@ def test_every_recipe_prints_its_config(recipe: str, capsys: pytest.CaptureFixtu
     assert main(["train", str(path), "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["task"]["name"] == load_config(path).task.name
+
+
+def test_model_folders_become_absolute_with_the_home_expanded(tmp_path: Path, monkeypatch) -> None:
+    """A config may name a model folder from ``~`` or relative to where it runs: searcher processes
+    and a resumed run get its absolute path; hub ids and built-in names stay as they are."""
+    from tba.config import absolute_paths
+
+    (tmp_path / "home" / "models" / "m").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "home")
+    cfg = absolute_paths(
+        load_config(None, ["--model.policy=~/models/m", "--model.reference=models/m", "--model.tokenizer=org/name"])
+    )
+    assert cfg.model.policy == cfg.model.reference == str(tmp_path / "home" / "models" / "m")
+    assert cfg.model.tokenizer == "org/name"
+    assert absolute_paths(load_config(None, [])).model.policy == "builtin:tiny-arithmetic"

@@ -60,8 +60,9 @@ def dump_config(config: Config) -> str:
 
 
 def absolute_paths(cfg: Config) -> Config:
-    """Local dataset files and reward-function files as absolute paths, so that searcher
-    processes (whose working directory may differ) and a repeated run find them."""
+    """Local dataset files, reward-function files and model folders as absolute paths (``~``
+    expanded), so that searcher processes (whose working directory may differ) and a repeated run
+    find them, and a config file can name a model in the user's home."""
     t = cfg.task
     updates: dict = {}
     for key in ("path", "eval_path"):
@@ -77,6 +78,11 @@ def absolute_paths(cfg: Config) -> Config:
                 spec = f"{Path(file).expanduser().resolve()}:{fn}"
             resolved.append(spec)
         updates["reward_funcs"] = resolved
-    if not updates:
+    models = {
+        key: str(Path(value).expanduser().resolve())
+        for key in ("policy", "reference", "tokenizer", "cache_dir")
+        if (value := getattr(cfg.model, key)) and Path(value).expanduser().exists()
+    }
+    if not updates and not models:
         return cfg
-    return cfg.model_copy(update={"task": t.model_copy(update=updates)})
+    return cfg.model_copy(update={"task": t.model_copy(update=updates), "model": cfg.model.model_copy(update=models)})
