@@ -12,9 +12,10 @@ import reasoning_gym
 from reasoning_gym.composite import DatasetSpec
 from reasoning_gym.utils import SYSTEM_PROMPTS
 from tests.conftest import start_local_ray
-from tests.helpers.tiny_bpe import build_bpe_chat_model
+from tests.helpers.tiny_bpe import CHATML, build_bpe_chat_model, build_bpe_tokenizer
 
 from tba.config import ConfigError, load_config
+from tba.generation.base import Completion
 from tba.metrics import read_metrics
 from tba.rewards import RewardStats
 from tba.tasks import build_task
@@ -107,6 +108,46 @@ def test_without_the_package_the_error_says_what_to_install(monkeypatch):
         task_of("--task.datasets=chain_sum")
 
 
+class Answering:
+    """A generator that writes the reference answer, in tags, to the problems of one dataset and
+    ``x`` to the others' (what the evaluation's grouping is checked against)."""
+
+    version = 0
+
+    def __init__(self, tokenizer, prompts, right: str):
+        self.tokenizer, self.right = tokenizer, right
+        self.by_question = {p.text: p for p in prompts}
+
+    def generate(self, prompts, params):
+        out = []
+        for ids in prompts:
+            text = self.tokenizer.decode(ids)
+            (p,) = [p for q, p in self.by_question.items() if q in text]
+            reply = f"<answer>{p.answer}</answer>" if p.columns["dataset"] == self.right else "x"
+            out.append([Completion(self.tokenizer.encode(reply) + [self.tokenizer.eos_token_id], True)])
+        return out
+
+
+def test_evaluation_reports_each_dataset_of_a_mix_beside_the_whole():
+    from tba.evaluation import evaluate
+    from tba.types import EvalSettings
+
+    task, _ = task_of(MIX, "--task.size=60", "--task.eval_size=20", "--task.system_prompt=direct")
+    tokenizer = build_bpe_tokenizer()
+    tokenizer.chat_template = CHATML
+    prompts = task.eval_prompts()
+    share = sum(p.columns["dataset"] == "chain_sum" for p in prompts) / len(prompts)
+    assert 0 < share < 1
+    result = evaluate(task, Answering(tokenizer, prompts, "chain_sum"), tokenizer, EvalSettings(max_new_tokens=8))
+    assert result.metrics["eval/reward/chain_sum"] == 1.0 and result.metrics["eval/reward/letter_counting"] == 0.0
+    assert result.metrics["eval/reward"] == pytest.approx(share)
+    single, _ = task_of("--task.datasets=chain_sum", "--task.size=20", "--task.eval_size=5")
+    alone = evaluate(
+        single, Answering(tokenizer, single.eval_prompts(), "chain_sum"), tokenizer, EvalSettings(max_new_tokens=8)
+    )
+    assert alone.metrics["eval/reward"] == 1.0 and not any(k.startswith("eval/reward/") for k in alone.metrics)
+
+
 @pytest.mark.slow
 def test_the_demo_model_learns_reasoning_gym_sums_in_the_sync_runtime(tmp_path):
     """The shipped demo model on reasoning-gym's one-digit sums: the held-out greedy reward rises."""
@@ -139,7 +180,7 @@ def test_the_demo_model_learns_reasoning_gym_sums_in_the_sync_runtime(tmp_path):
 @pytest.mark.slow
 def test_a_mix_trains_in_the_ray_runtime_with_rewards_per_dataset(tmp_path, _ray_for_the_session):
     """A chat model with a system prompt from reasoning-gym: each dataset's training reward and
-    held-out reward are logged, and the held-out mean is theirs weighted by their problems."""
+    held-out reward are logged."""
     from tba.runtime.async_loop import run_ray
 
     start_local_ray()
@@ -170,10 +211,4 @@ def test_a_mix_trains_in_the_ray_runtime_with_rewards_per_dataset(tmp_path, _ray
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert any("reward/chain_sum_mean" in r for r in rows) and any("reward/letter_counting_mean" in r for r in rows)
     (last,) = [r for r in rows if r["step"] == 3 and "eval/reward" in r]
-    task, _ = task_of(MIX, "--task.size=100", "--task.eval_size=12", "--task.system_prompt=direct")
-    counts = {
-        name: sum(p.columns["dataset"] == name for p in task.eval_prompts())
-        for name in ("chain_sum", "letter_counting")
-    }
-    weighted = sum(last[f"eval/reward/{name}"] * n for name, n in counts.items()) / sum(counts.values())
-    assert last["eval/reward"] == pytest.approx(weighted, abs=1e-9)
+    assert {"eval/reward/chain_sum", "eval/reward/letter_counting"} <= set(last)
