@@ -10,9 +10,10 @@ searcher runs ahead of the trainer): their spread is part of the figure.
     python benchmarks/bench_headline.py demo --runtimes sync # one figure, one runtime
 
 Figures: ``demo`` (``tba train``, 600 steps, both runtimes), ``example`` (``configs/custom_task.yaml``,
-the sync runtime it sets), ``tools`` (``configs/tools.yaml``, both runtimes), ``reasoning_gym``
-(``configs/reasoning_gym.yaml``: SmolLM2-135M-Instruct, whose set-up the config names; the sync
-runtime; ``--out benchmarks/results/reasoning_gym``). Results go to
+the sync runtime it sets), ``tools`` (``configs/tools.yaml``, both runtimes), ``reasoning_gym_demo``
+(``configs/reasoning_gym_demo.yaml``, the demo model on reasoning-gym's sums) and ``reasoning_gym``
+(``configs/reasoning_gym.yaml``: SmolLM2-135M-Instruct, whose set-up the config names), both in
+the sync runtime, with ``--out benchmarks/results/reasoning_gym``. Results go to
 ``benchmarks/results/headline/results.json`` after each run (a rerun skips the runs already there;
 ``--fresh`` starts over).
 """
@@ -44,6 +45,7 @@ FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
     "demo": (None, "eval/accuracy", ("sync", "ray")),
     "example": ("configs/custom_task.yaml", "eval/reward", ("sync",)),
     "tools": ("configs/tools.yaml", "eval/accuracy", ("sync", "ray")),
+    "reasoning_gym_demo": ("configs/reasoning_gym_demo.yaml", "eval/reward", ("sync",)),
     "reasoning_gym": ("configs/reasoning_gym.yaml", "eval/reward", ("sync",)),
 }
 

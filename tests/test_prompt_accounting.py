@@ -127,7 +127,7 @@ def replayed_ids(cfg, searcher: int, n: int) -> list[str]:
     return [p.id for p in task.sample_prompts(n, rng)]
 
 
-SEARCHERS, STEPS, EVERY, PACE = 4, 80, 4, 1.0
+SEARCHERS, STEPS, EVERY, PACE = 3, 80, 4, 1.0
 
 
 def start(tmp_path: Path, args: list[str], *extra: str) -> subprocess.Popen:
@@ -152,7 +152,7 @@ def wait_until(proc: subprocess.Popen, done, timeout: float = 180) -> None:
 
 @pytest.mark.slow
 def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(chat_model, tmp_path):
-    """Four searchers on a 10-row dataset: one is killed at a random moment, then, once its new
+    """Three searchers on a 10-row dataset: one is killed at a random moment, then, once its new
     process is back and a checkpoint came after, ``tba train`` itself (SIGKILL: its Ray processes
     must be gone within 30 s, stopped by the run's watchdog); the run resumes for two more
     checkpoints. Each searcher's draws in the resumed run are exactly 0, 1, ... up to its latest:
