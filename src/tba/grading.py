@@ -24,6 +24,7 @@ __all__ = [
     "GRADERS",
     "answer_key",
     "extract_last_number",
+    "last_number_text",
     "get_grader",
     "grade_last_number",
     "grade_math_verify",
@@ -32,7 +33,7 @@ __all__ = [
 
 # A sign must touch its digits, so the minus of "5 - 3 = 2" is not read as part of "-3". The decimal
 # alternative comes first so that "18." and "3.5" are taken whole rather than as "18" or "3".
-NUMBER = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:e[-+]?[0-9]+)?")
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:e[-+]?[0-9]+)?")
 
 # math-verify's own default limits (seconds); used only where its signal.alarm timer can work.
 _MATH_VERIFY_TIMEOUT_S = 5
@@ -41,12 +42,16 @@ _MATH_VERIFY_TIMEOUT_S = 5
 _LATEX_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 
 
+def last_number_text(text: str) -> str | None:
+    """The last signed number in ``text`` after removing commas, as written; None when there is none."""
+    matches = _NUMBER.findall(text.replace(",", ""))
+    return matches[-1] if matches else None
+
+
 def extract_last_number(text: str) -> float | None:
     """The last signed number in ``text`` after removing commas, or None when there is none."""
-    matches = NUMBER.findall(text.replace(",", ""))
-    if not matches:
-        return None
-    return float(matches[-1])
+    found = last_number_text(text)
+    return None if found is None else float(found)
 
 
 def gsm8k_reference(answer: str) -> str:

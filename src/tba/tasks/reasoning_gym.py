@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from tba.config import ConfigError
-from tba.grading import NUMBER
+from tba.grading import last_number_text
 from tba.rewards import RewardFn, make_reward_fn
 from tba.tasks.base import Prompt
 from tba.tasks.data import DataTask, prompt_hash
@@ -41,10 +41,9 @@ def import_reasoning_gym():
     return reasoning_gym
 
 
-def build_mix(cfg, size: int, seed: int):
-    """reasoning-gym's composite dataset of ``cfg.datasets`` (``size`` problems from ``seed``); each
-    setting checked here, so that a wrong name or key is one line naming it."""
-    rg = import_reasoning_gym()
+def check_datasets(rg, cfg) -> None:
+    """Each of ``cfg.datasets`` known to reasoning-gym and its settings accepted by its generator,
+    so that a wrong name or key is one line naming it."""
     known = rg.factory.DATASETS
     for d in cfg.datasets:
         if d.name not in known or d.name == "composite":
@@ -62,15 +61,12 @@ def build_mix(cfg, size: int, seed: int):
                 f"task.datasets {d.name}: config {d.config} is refused ({type(err).__name__}: {err}); "
                 f"its settings are: {fields}"
             ) from None
+
+
+def build_mix(rg, cfg, size: int, seed: int):
+    """reasoning-gym's composite dataset of ``cfg.datasets``: ``size`` problems from ``seed``."""
     specs = [rg.composite.DatasetSpec(name=d.name, weight=d.weight, config=dict(d.config)) for d in cfg.datasets]
     return rg.create_dataset("composite", size=size, seed=seed, datasets=specs)
-
-
-def system_text(name_or_text: str | None) -> str | None:
-    """``task.system_prompt``: one of reasoning-gym's named system prompts, or the text itself."""
-    if name_or_text is None:
-        return None
-    return import_reasoning_gym().utils.SYSTEM_PROMPTS.get(name_or_text, name_or_text)
 
 
 class ReasoningGymTask(DataTask):
@@ -78,10 +74,14 @@ class ReasoningGymTask(DataTask):
     eval_metric = "reward"
 
     def __init__(self, cfg, tokenizer=None, chat_template: bool | None = None, log=print, base_dir=None):
-        self._extract = import_reasoning_gym().utils.extract_answer
-        self._system = system_text(cfg.system_prompt)
-        self._train_set = build_mix(cfg, cfg.size, cfg.seed)
-        self._eval_set = build_mix(cfg, cfg.eval_size, cfg.held_out_seed)
+        rg = import_reasoning_gym()
+        check_datasets(rg, cfg)
+        self._extract = rg.utils.extract_answer
+        self._system = (
+            None if cfg.system_prompt is None else rg.utils.SYSTEM_PROMPTS.get(cfg.system_prompt, cfg.system_prompt)
+        )
+        self._train_set = build_mix(rg, cfg, cfg.size, cfg.seed)
+        self._eval_set = build_mix(rg, cfg, cfg.eval_size, cfg.held_out_seed)
         self._check_template(cfg.template, self._train_set[0])
         super().__init__(cfg, tokenizer, chat_template, log)
 
@@ -126,8 +126,8 @@ class ReasoningGymTask(DataTask):
         if self.cfg.answer_format == "tags":
             return self._extract(text)
         if self.cfg.answer_format == "last_number":
-            found = NUMBER.findall(text.replace(",", ""))
-            return found[-1].rstrip(".") if found else None
+            found = last_number_text(text)
+            return None if found is None else found.rstrip(".")
         return text.strip()
 
     def reward_functions(self) -> list[RewardFn]:
