@@ -39,7 +39,6 @@ HEAVY_FIRST = [
     "test_ray_objectives.py",
     "test_cli_integration.py",
     "test_reasoning_gym.py",
-    "test_ray_survival.py",
     "test_checkpoints.py",
     "test_ray_actors.py",
     "test_bounds.py",

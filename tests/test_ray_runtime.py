@@ -15,7 +15,9 @@ import pytest
 import ray
 import torch
 from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
+from tests.helpers.processes import session_processes
 
+from tba.checkpoint import latest_checkpoint
 from tba.config import load_config
 from tba.errors import ModelLoadError
 from tba.metrics import read_metrics
@@ -43,7 +45,9 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache, local_ray)
             "--run.name=a",
         ],
     )
-    run_dir, summary = run_ray(cfg)  # (joins the tests' instance; a run's own goes with it: test_ctrl_c_or_sigterm...)
+    run_dir, summary = run_ray(
+        cfg
+    )  # (joins the tests' instance; a run's own goes with it: test_a_killed_searcher_comes_back_and_sigterm...)
     assert summary["trainer_steps"] == steps and summary["runtime"] == "ray"
     assert 0 < summary["trainer_busy_fraction"] <= 1 and summary["lag_mean"] is not None
     # where the time before the first step went, in order, the searcher's side from its own clock
@@ -216,34 +220,42 @@ def test_any_other_failure_of_a_searcher_at_start_ends_the_run_with_its_tracebac
 
 
 @NEEDS_PROC
-def test_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cache):
-    """What a scheduler (Slurm, Kubernetes) sends: the run unwinds, exits 143 and leaves no Ray
-    process. (Ctrl-C takes the same way out: the sync runtime's test in test_cli_integration.py.)"""
+def test_a_killed_searcher_comes_back_and_sigterm_then_stops_the_run_keeping_its_files(tmp_path, demo_cache):
+    """One ``tba train`` run, two failures. A streaming searcher SIGKILLed after step 2, with prompts
+    in flight: Ray starts a new process, which goes on from the dead one's place and takes new
+    weights into its streams, while the trainer waits for data (counted as waiting, not as a
+    pause) and loses no step. The replay bound (trainer.max_replay_ratio=1) keeps the trainer from
+    training on without it: each step needs a batch of its own. Then SIGTERM, what a scheduler
+    (Slurm, Kubernetes) sends: the run unwinds, exits 143, keeps its files and leaves no Ray
+    process. (Ctrl-C takes the same way out: the sync runtime's test in test_cli_integration.py;
+    a SIGKILL of ``tba train`` itself, whose Ray processes the watchdog stops, is
+    tests/test_prompt_accounting.py's.)"""
     env, mark = marked_env()
+    run_dir = tmp_path / "i"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "tba",
-            "train",
-            *SMALL,
-            "--trainer.steps=100000",
-            "--eval.every=100000",
-            f"--model.cache_dir={demo_cache}",
-            f"--run.output_dir={tmp_path}",
-            "--run.name=i",
+            sys.executable, "-m", "tba", "train", *SMALL,
+            "--trainer.steps=100000", "--eval.every=100000", "--trainer.max_replay_ratio=1",
+            "--trainer.checkpoint_every=2",
+            "--generation.stream=true",
+            f"--model.cache_dir={demo_cache}", f"--run.output_dir={tmp_path}", "--run.name=i",
         ],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        start_new_session=True,  # its own process group: cleaned up below whatever happens
-    )
-    metrics = tmp_path / "i" / "metrics.jsonl"
+        start_new_session=True,  # its own session and process group: its processes are findable
+    )  # fmt: skip
+    metrics, errors = run_dir / "metrics.jsonl", run_dir / "errors.log"
+    steps = lambda: sum(1 for r in read_metrics(metrics) if "train/loss" in r) if metrics.is_file() else 0  # noqa: E731
+    searchers = lambda: {p for p, cmd in session_processes(proc.pid).items() if cmd.startswith("ray::SearcherWorker")}  # noqa: E731
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and (not metrics.is_file() or len(read_metrics(metrics)) < 5):
-            time.sleep(0.5)
-        assert len(read_metrics(metrics)) >= 5, "training did not start"
+        wait_for(proc, lambda: steps() >= 2)
+        (victim,) = searchers()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(proc, lambda: errors.is_file() and "is back after" in errors.read_text())
+        back = steps()
+        wait_for(proc, lambda: steps() >= back + 3)  # trained on the new process's batches
+        successors = searchers() - {victim}
         running = ray_processes(mark, wait_s=0)  # what must be gone once it stops
         assert any("raylet" in p for p in running) and any("ray::SearcherWorker" in p for p in running), running
         proc.send_signal(signal.SIGTERM)
@@ -256,8 +268,44 @@ def test_sigterm_stops_the_run_and_keeps_its_files(tmp_path, demo_cache):
     assert "thread(s), jemalloc" in stderr  # the ray driver re-executed itself under jemalloc
     # the searchers find the board and inbox by name: no warning that their restart might fail
     assert "constructor arguments in the object store" not in stderr
-    assert len(read_metrics(metrics)) >= 5
     assert not ray_processes(mark), ray_processes(mark, wait_s=0)
+
+    assert successors, "no searcher process replaced the killed one"
+    assert "searcher 0 died" in stderr and "restarting it" in stderr
+    assert "searcher 0 died" in errors.read_text()
+    train = [r for r in read_metrics(metrics) if "train/loss" in r]
+    last = train[-1]
+    assert [r["step"] for r in train] == list(range(1, last["step"] + 1))  # no step lost
+    assert last["searcher/restarts"] == 1 and train[0]["searcher/restarts"] == 0
+    rollouts = stored_rollouts(run_dir, int(latest_checkpoint(run_dir).name.split("_")[1]))
+    assert max(r.policy_version for r in rollouts) > 0  # the streams took new weights in flight
+    # the lag bound (4 x trainer.sync_interval), counted from the oldest version of a completion
+    assert all(r.arrival_step - r.policy_version <= 4 for r in rollouts)
+    # every prompt taken: sent, dropped, in flight at the end, or lost with the killed process
+    assert last["searcher/lost_in_flight"] > 0
+    assert last["searcher/prompts_taken"] == (
+        last["searcher/groups_sent"] + last["searcher/dropped_groups"] + last["searcher/in_flight"]
+        + last["searcher/lost_in_flight"]
+    )  # fmt: skip
+    gaps = [b["time_s"] - a["time_s"] for a, b in zip(train, train[1:], strict=False)]
+    longest = last["trainer/longest_pause_s"]
+    came_back = [line for line in stderr.splitlines() if "is back after" in line]
+    print(
+        f"\nsearcher restart: longest trainer pause {longest:.3f} s (widest gap between logged steps "
+        f"{max(gaps):.3f} s, after step {gaps.index(max(gaps)) + 1} of {len(train)}); {came_back[0].strip()}"
+    )
+    # the trainer waited for data while its only searcher restarted: counted as waiting, not as a pause
+    assert longest < 5.0, "a pause of the trainer beyond its wait for data"
+    assert last["trainer/wait_total_s"] > 0
+
+
+def wait_for(proc: subprocess.Popen, done, timeout: float = 150) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if done():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the run did not get there; stderr:\n{proc.communicate()[1][-3000:]}")
 
 
 def test_a_local_ray_instance_gets_every_gpu_but_the_trainers():
