@@ -39,6 +39,7 @@ HEAVY_FIRST = [
     "test_ray_objectives.py",
     "test_cli_integration.py",
     "test_reasoning_gym.py",
+    "test_agents.py",
     "test_checkpoints.py",
     "test_ray_actors.py",
     "test_bounds.py",

@@ -422,3 +422,29 @@ def test_model_folders_become_absolute_with_the_home_expanded(tmp_path: Path, mo
     assert cfg.model.policy == cfg.model.reference == str(tmp_path / "home" / "models" / "m")
     assert cfg.model.tokenizer == "org/name"
     assert absolute_paths(load_config(None, [])).model.policy == "builtin:tiny-arithmetic"
+
+
+def test_the_files_of_user_code_become_absolute_and_module_names_stay(tmp_path: Path, monkeypatch) -> None:
+    """Reward functions, tools, an environment or an agent named by a file relative to where the
+    run starts: searcher processes (another working directory) and a resumed run find the file."""
+    from tba.config import absolute_paths
+
+    for name in ("r.py", "t.py", "a.py"):
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    cfg = absolute_paths(
+        load_config(
+            None,
+            [
+                "--task.name=dataset",
+                "--task.path=org/data",
+                "--task.reward_funcs=[r.py:f, my.module:g]",
+                "--task.tools=[t.py:calc]",
+            ],
+        )
+    )
+    assert cfg.task.reward_funcs == [f"{tmp_path / 'r.py'}:f", "my.module:g"]
+    assert cfg.task.tools == [f"{tmp_path / 't.py'}:calc"]
+    agent = absolute_paths(load_config(None, ["--task.agent=a.py:run"]))
+    assert agent.task.agent == f"{tmp_path / 'a.py'}:run"
+    assert absolute_paths(load_config(None, ["--task.environment=pkg.envs:Env"])).task.environment == "pkg.envs:Env"

@@ -209,6 +209,11 @@ class Evaluator:
             self.conversations,
         )
 
+    def close(self) -> None:
+        """Stop the conversations' threads and, for an agent task, its endpoint."""
+        if self.conversations is not None:
+            self.conversations.close()
+
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Load what the trainer publishes (the full state dict, or a LoRA policy's adapter)."""
         from tba.models.lora import load_published_state

@@ -118,11 +118,10 @@ def tool_call_format(tokenizer) -> str:
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 
-def parse_tool_calls(text: str, fmt: str, tools: list[Callable]) -> list[ToolCall]:
+def parse_tool_calls(text: str, fmt: str, tools: list[Callable] | None) -> list[ToolCall]:
     """The calls in ``text`` (a completion, decoded with special tokens kept), in order; none for
     an answer that calls nothing. ``tools``: the functions the model may call, to check names and
-    arguments against."""
-    by_name = {fn.__name__: fn for fn in tools}
+    arguments against (None: unchecked, for tools that are only schemas)."""
     if fmt == "hermes":
         raw = [_json_call(block, "arguments") for block in _HERMES.findall(text)]
     elif fmt == "mistral":
@@ -131,6 +130,9 @@ def parse_tool_calls(text: str, fmt: str, tools: list[Callable]) -> list[ToolCal
         raw = _llama3_calls(text)
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}: one of {FORMATS}")
+    if tools is None:
+        return raw
+    by_name = {fn.__name__: fn for fn in tools}
     return [_checked(call, by_name) for call in raw]
 
 

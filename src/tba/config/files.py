@@ -59,8 +59,17 @@ def dump_config(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
+def _file_spec(spec: str) -> str:
+    """``path/to/file.py:name`` with the file's absolute path (a module name stays as it is)."""
+    file, sep, name = spec.rpartition(":")
+    if sep and file.endswith(".py") and Path(file).expanduser().is_file():
+        return f"{Path(file).expanduser().resolve()}:{name}"
+    return spec
+
+
 def absolute_paths(cfg: Config) -> Config:
-    """Local dataset files, reward-function files and model folders as absolute paths (``~``
+    """Local dataset files, the files of reward functions, tools, environments and agents, and model
+    folders as absolute paths (``~``
     expanded), so that searcher processes (whose working directory may differ) and a repeated run
     find them, and a config file can name a model in the user's home."""
     t = cfg.task
@@ -69,15 +78,12 @@ def absolute_paths(cfg: Config) -> Config:
         value = getattr(t, key, None)
         if value and Path(value).expanduser().exists():
             updates[key] = str(Path(value).expanduser().resolve())
-    funcs = getattr(t, "reward_funcs", None)
-    if funcs:
-        resolved = []
-        for spec in funcs:
-            file, sep, fn = spec.rpartition(":")
-            if sep and file.endswith(".py") and Path(file).expanduser().is_file():
-                spec = f"{Path(file).expanduser().resolve()}:{fn}"
-            resolved.append(spec)
-        updates["reward_funcs"] = resolved
+    for key in ("reward_funcs", "tools"):
+        if getattr(t, key, None):
+            updates[key] = [_file_spec(spec) for spec in getattr(t, key)]
+    for key in ("environment", "agent"):
+        if getattr(t, key, None):
+            updates[key] = _file_spec(getattr(t, key))
     models = {
         key: str(Path(value).expanduser().resolve())
         for key in ("policy", "reference", "tokenizer", "cache_dir")

@@ -47,13 +47,13 @@ def check_runtime(cfg) -> None:
         )
     if cfg.model.chat_template is False and cfg.task.multi_turn:
         raise ValueError(
-            "model.chat_template=false with task.tools or task.environment: a conversation's turns are written "
-            "by the chat template; leave model.chat_template unset (or true)"
+            "model.chat_template=false with task.tools, task.environment or task.agent: a conversation's turns are "
+            "written by the chat template; leave model.chat_template unset (or true)"
         )
     if cfg.generation.stream is True and cfg.task.multi_turn:
         raise ValueError(
-            "generation.stream with task.tools or task.environment: a conversation goes turn by turn through "
-            "the environment, which streams do not do yet; set generation.stream=false"
+            "generation.stream with task.tools, task.environment or task.agent: a conversation goes turn by turn "
+            "through the environment, which streams do not do yet; set generation.stream=false"
         )
     if cfg.generation.stream is True and cfg.generation.explore_prob > 0:
         raise ValueError(

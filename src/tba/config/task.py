@@ -42,6 +42,18 @@ class _TaskSection(Section):
     system_prompt: str | None = None
     """With ``tools``: a system message opening every conversation (besides the tools' schemas, which
     the chat template renders)."""
+    agent: str | None = None
+    """An agent that drives each rollout through an OpenAI-compatible endpoint the searcher serves:
+    ``module:function`` or ``path/to/file.py:function``, called as ``agent(prompt, client,
+    **agent_args)`` (plain or async) with an ``openai`` client whose base URL belongs to the rollout;
+    it returns the reward, or None for the task's reward functions to score the last reply. The
+    trajectory is the tokens the endpoint generated for it (docs/agents.md). Not with ``tools`` or
+    ``environment``."""
+    agent_args: dict[str, Any] = {}
+    """Keyword arguments of ``agent``."""
+    agent_timeout: float | None = Field(600.0, gt=0)
+    """Seconds one rollout of ``agent`` may take; one past it is dropped and counted
+    (``searcher/environment_errors``). None: no limit."""
     environment_workers: int = Field(128, ge=1)
     """Threads that run the conversations' environment steps (tool calls) of one turn side by side: a
     tool that waits (a sandbox, a remote service) waits beside the others. With a 0.2 s tool, 128
@@ -54,14 +66,22 @@ class _TaskSection(Section):
                 "task.tools and task.environment: tools are one kind of environment; give the tools to your "
                 "environment, or leave task.environment unset"
             )
+        if self.agent and (self.tools or self.environment):
+            raise ValueError(
+                "task.agent with task.tools or task.environment: the agent drives the conversation (its own tools "
+                "included); leave task.tools and task.environment unset"
+            )
+        if self.agent_args and not self.agent:
+            raise ValueError("task.agent_args without task.agent: name the agent's module:function")
         if self.environment_args and not self.environment:
             raise ValueError("task.environment_args without task.environment: name the environment's module:Class")
         return self
 
     @property
     def multi_turn(self) -> bool:
-        """Whether conversations have more than the prompt and one reply (tools or an environment)."""
-        return bool(self.tools or self.environment)
+        """Whether conversations have more than the prompt and one reply (tools, an environment or
+        an agent)."""
+        return bool(self.tools or self.environment or self.agent)
 
 
 class ArithmeticTaskConfig(_TaskSection):

@@ -30,6 +30,9 @@ MULTI_TURN_SETTINGS = (
     "max_turns",
     "max_trajectory_tokens",
     "tool_timeout",
+    "agent",
+    "agent_args",
+    "agent_timeout",
     "system_prompt",
     "environment_workers",
 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from tba.environments import ToolEnvironment, check_step, environment_text, load_environment
 from tba.generation.base import Completion, Generator, SamplingParams
 from tba.tools import ToolError, load_tools, tool_call_format
-from tba.user_code import call
+from tba.user_code import call, load_object
 
 COUNTS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "environment_errors")
 
@@ -43,7 +44,12 @@ class Trajectory(Completion):
 
 
 @dataclass
-class _Conversation:
+class Conversation:
+    """One conversation's tokens as they are assembled, whoever drives it (:class:`Conversations`
+    with an environment, or an agent through :mod:`tba.endpoint`): the model's replies as it
+    generated them (mask 1, with their log-probs) and the environment's messages between them
+    (mask 0)."""
+
     env: object
     messages: list[dict]
     ids: list[int] = field(default_factory=list)
@@ -56,6 +62,36 @@ class _Conversation:
     turns: int = 0
     last_reply: str = ""
     last_ids: list[int] = field(default_factory=list)  # the last reply's tokens, end tokens left out
+
+    def take_reply(self, out: Completion, tokenizer, eos_ids: set[int]) -> None:
+        """The model's next reply, token for token; ``last_reply`` its text with special tokens kept
+        (what a tool-call parser reads)."""
+        self.ids += out.token_ids
+        self.mask += [1] * len(out.token_ids)
+        self.logps += out.token_logps if out.token_logps is not None else [0.0] * len(out.token_ids)
+        self.turns += 1
+        self.last_ids = [t for t in out.token_ids if t not in eos_ids]
+        self.last_reply = tokenizer.decode(self.last_ids, skip_special_tokens=False)
+
+    def take_environment(self, new_messages: list[dict], ids: list[int]) -> None:
+        """The environment's messages after the last reply, as the tokens of their rendered text."""
+        self.messages += new_messages
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logps += [0.0] * len(ids)
+
+    def trajectory(self, tokenizer, logprobs: bool) -> Trajectory:
+        return Trajectory(
+            token_ids=self.ids,
+            finished=self.finished,
+            token_logps=self.logps if logprobs else None,
+            action_mask=self.mask,
+            reward=self.reward,
+            text=tokenizer.decode(self.last_ids, skip_special_tokens=True),
+            turns=self.turns,
+            messages=self.messages,
+            failed=self.failed,
+        )
 
 
 class Conversations:
@@ -88,6 +124,8 @@ class Conversations:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tba-environment")
         self.counts = dict.fromkeys(COUNTS, 0)
         self.generate_s = 0.0  # seconds in the generator's calls (not the environment's steps)
+        self.errors: list[str] = []  # the first failure of each kind, for errors.log
+        self._reported: set[str] = set()
 
     def rollout(
         self, generator: Generator, prompts: list, params: SamplingParams
@@ -130,12 +168,12 @@ class Conversations:
         out, self.generate_s = self.generate_s, 0.0
         return out
 
-    def _budget(self, conv: _Conversation, params: SamplingParams) -> int:
+    def _budget(self, conv: Conversation, params: SamplingParams) -> int:
         if self.max_tokens is None:
             return params.max_new_tokens
         return min(params.max_new_tokens, self.max_tokens - len(conv.ids))
 
-    def _open(self, prompt, n: int) -> tuple[list[int], list[_Conversation]]:
+    def _open(self, prompt, n: int) -> tuple[list[int], list[Conversation]]:
         """The prompt's opening messages, rendered to token ids, and its ``n`` conversations (each
         with an environment of its own, which must open the same way: a group shares its prompt)."""
         convs = []
@@ -147,24 +185,19 @@ class Conversations:
                     f"{type(env).__name__}.reset gave two different openings for prompt {prompt.id!r}: the "
                     "completions of a group must share their prompt; make reset depend on the prompt only"
                 )
-            convs.append(_Conversation(env, messages))
+            convs.append(Conversation(env, messages))
         ids = self.tokenizer.apply_chat_template(
             convs[0].messages, tools=self.tools, add_generation_prompt=True, tokenize=True
         )
         ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5: a BatchEncoding
         return list(ids), convs
 
-    def _take(self, outs: list[Completion], convs: list[_Conversation], params: SamplingParams) -> None:
+    def _take(self, outs: list[Completion], convs: list[Conversation], params: SamplingParams) -> None:
         """Each conversation's new reply; then the environment's answers to the finished replies."""
         stepping = []
         for out, conv in zip(outs, convs, strict=True):
-            conv.ids += out.token_ids
-            conv.mask += [1] * len(out.token_ids)
-            conv.logps += out.token_logps if out.token_logps is not None else [0.0] * len(out.token_ids)
-            conv.turns += 1
+            conv.take_reply(out, self.tokenizer, self.eos_ids)
             self.counts["turns"] += 1
-            conv.last_ids = [t for t in out.token_ids if t not in self.eos_ids]
-            conv.last_reply = self.tokenizer.decode(conv.last_ids, skip_special_tokens=False)
             if not out.finished:  # cut at max_new_tokens: the conversation cannot go on
                 conv.done = True
                 continue
@@ -174,6 +207,7 @@ class Conversations:
             if isinstance(result, Exception):
                 conv.done = conv.failed = True
                 self.counts["environment_errors"] += 1
+                self._note(result)
                 continue
             new_messages, reward, done = result
             if reward is not None:
@@ -188,32 +222,33 @@ class Conversations:
                 if self.max_tokens is not None and len(conv.ids) + len(env_ids) >= self.max_tokens:
                     conv.done = True  # no room for the answer and another reply: unfinished
                     continue
-                conv.messages += new_messages
-                conv.ids += env_ids
-                conv.mask += [0] * len(env_ids)
-                conv.logps += [0.0] * len(env_ids)
+                conv.take_environment(new_messages, env_ids)
 
-    def _step(self, conv: _Conversation):
+    def _step(self, conv: Conversation):
         try:
             return check_step(call(conv.env.step, list(conv.messages)), conv.env)
         except Exception as e:  # a per-conversation problem: counted, the conversation dropped
             return e
 
-    def _trajectory(self, conv: _Conversation, params: SamplingParams) -> Trajectory:
+    def _trajectory(self, conv: Conversation, params: SamplingParams) -> Trajectory:
         if isinstance(conv.env, ToolEnvironment):  # its environment served this conversation only
             for key, value in conv.env.counts().items():
                 self.counts[f"tool_{key}"] += value
-        return Trajectory(
-            token_ids=conv.ids,
-            finished=conv.finished,
-            token_logps=conv.logps if params.logprobs else None,
-            action_mask=conv.mask,
-            reward=conv.reward,
-            text=self.tokenizer.decode(conv.last_ids, skip_special_tokens=True),
-            turns=conv.turns,
-            messages=conv.messages,
-            failed=conv.failed,
-        )
+        return conv.trajectory(self.tokenizer, params.logprobs)
+
+    def _note(self, e: Exception) -> None:
+        kind = f"{type(e).__name__}: {e}".splitlines()[0]
+        if kind not in self._reported:
+            self._reported.add(kind)
+            self.errors.append(
+                "an environment step raised; its conversation is dropped (counted in searcher/environment_errors): "
+                + "".join(traceback.format_exception(e))
+            )
+
+    def take_new_errors(self) -> list[str]:
+        """The first failure of each kind of environment step since the last call (for errors.log)."""
+        out, self.errors = self.errors, []
+        return out
 
     def take_counts(self) -> dict[str, int]:
         """The counts since the last call (turns, tool calls and their errors and timeouts,
@@ -266,11 +301,24 @@ def turn_end_text(tokenizer, eos_ids: set[int]) -> str:
     return min(found)[1]
 
 
-def make_conversations(task_cfg, tokenizer, eos_ids: set[int]) -> Conversations | None:
-    """The multi-turn rollouts of ``task_cfg`` (a task config section: ``tools`` or
-    ``environment``), checked against the tokenizer; None for a single-turn task."""
+def make_conversations(task_cfg, tokenizer, eos_ids: set[int]):
+    """The multi-turn rollouts of ``task_cfg`` (a task config section: ``tools``, ``environment``
+    or ``agent``), checked against the tokenizer; None for a single-turn task."""
     if not task_cfg.multi_turn:
         return None
+    if task_cfg.agent:
+        from tba.endpoint.agents import AgentConversations
+
+        return AgentConversations(
+            tokenizer,
+            load_object(task_cfg.agent, "task.agent", ToolError),
+            eos_ids,
+            task_cfg.max_turns,
+            task_cfg.max_trajectory_tokens,
+            task_cfg.agent_timeout,
+            task_cfg.agent_args,
+            task_cfg.environment_workers,
+        )
     tools = None
     if task_cfg.tools:
         fmt = tool_call_format(tokenizer)

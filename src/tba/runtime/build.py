@@ -58,11 +58,16 @@ class Components:
 
     def close(self) -> None:
         """Stop what runs outside this process or thread for these parts (the trainer's ranks, its
-        weights' sender), each even if another fails."""
+        weights' sender, an agent task's endpoints), each even if another fails."""
         try:
             self.trainer.weights.close()
         finally:
-            self.trainer.updates.close()
+            try:
+                self.trainer.updates.close()
+            finally:
+                for part in (self.searcher, self.evaluator):
+                    if part is not None:
+                        part.close()
 
 
 def make_buffer(cfg: Config, plan: Plan) -> ReplayBuffer:

@@ -333,9 +333,15 @@ class Searcher(Resumable):
         own, since a step generates with the weights it holds (the staleness bound counts from it)."""
         return self.version
 
+    def close(self) -> None:
+        """Stop the conversations' threads and, for an agent task, its endpoint."""
+        if self.conversations is not None:
+            self.conversations.close()
+
     def new_errors(self) -> list[str]:
-        """First traceback of each failing reward function, each returned once (for ``errors.log``)."""
-        return [
-            f"searcher {self.searcher_id}, policy version {self.version}: {e}"
-            for e in self.reward_stats.take_new_errors()
-        ]
+        """First traceback of each failing reward function (and environment or agent), each returned
+        once (for ``errors.log``)."""
+        found = self.reward_stats.take_new_errors()
+        if self.conversations is not None:  # an environment's or agent's first failure of each kind
+            found += self.conversations.take_new_errors()
+        return [f"searcher {self.searcher_id}, policy version {self.version}: {e}" for e in found]

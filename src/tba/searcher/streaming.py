@@ -202,6 +202,7 @@ class StreamingSearcher(Searcher):
     def close(self) -> None:
         """Stop the engine's requests and the threads; what was in flight stays counted in
         ``searcher/in_flight``."""
+        super().close()
         self._aborted += len(self.stream.abort())
         self.stream.close()
         self.pool.close()

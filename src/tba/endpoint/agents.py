@@ -1,0 +1,185 @@
+"""Conversations an agent drives: the searcher calls ``task.agent`` once per rollout with a client
+of its endpoint, and trains on the tokens the endpoint generated for it.
+
+An agent is ``agent(prompt, client, **task.agent_args)``, a plain or ``async`` function:
+``prompt`` the task's :class:`~tba.tasks.base.Prompt` (``messages`` or ``text``, ``answer``,
+``columns``), ``client`` an ``openai.AsyncOpenAI`` (for an ``async`` agent) or ``openai.OpenAI``
+whose base URL belongs to this rollout (``client.base_url``: hand it to a harness or a subprocess
+as ``OPENAI_BASE_URL``). It returns the rollout's reward, or None for the task's reward functions to
+score the last reply. An agent that raises, runs past ``task.agent_timeout`` or makes no request
+loses its rollout (counted in ``searcher/environment_errors``, its first traceback in
+``errors.log``), never the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+import traceback
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tba.endpoint.book import RolloutBook
+from tba.endpoint.queue import GenerationQueue
+from tba.endpoint.server import Endpoint, require_extras
+from tba.generation.base import Generator, SamplingParams
+from tba.generation.turns import COUNTS, Trajectory
+from tba.user_code import describe_exception, resolve
+
+
+class AgentConversations:
+    """The :class:`~tba.generation.turns.Conversations` interface (``rollout``, ``take_counts``,
+    ``take_generate_s``, ``take_new_errors``, ``close``) for conversations an agent drives."""
+
+    def __init__(
+        self,
+        tokenizer,
+        agent: Callable,
+        eos_ids: set[int],
+        max_turns: int,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        agent_args: dict | None = None,
+        workers: int = 128,
+        name: str = "task.agent",
+    ):
+        require_extras(name)
+        self.agent, self.agent_args, self.timeout, self.name = agent, dict(agent_args or {}), timeout, name
+        self.is_async = inspect.iscoroutinefunction(agent)
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tba-agent")  # a plain agent's calls, side by side
+        self.book = RolloutBook(tokenizer, eos_ids, max_turns, max_tokens)
+        self.queue = GenerationQueue(self.book.active)
+        self.generator: Generator | None = None
+        self.params: SamplingParams | None = None
+        self.endpoint: Endpoint | None = None  # started by the first rollout
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.errors: list[str] = []
+        self._reported: set[str] = set()
+
+    def start(self) -> Endpoint:
+        if self.endpoint is None:
+            self.endpoint = Endpoint(
+                self.book,
+                self.queue,
+                params=lambda: self.params,
+                version=lambda: self.generator.version if self.generator is not None else -1,
+            )
+        return self.endpoint
+
+    def rollout(
+        self, generator: Generator, prompts: list, params: SamplingParams
+    ) -> tuple[list[list[int]], list[list[Trajectory]]]:
+        """``params.n`` rollouts of each prompt by the agent, side by side; the prompts' token ids
+        (each group's opening as its first request rendered it) and the trajectories, in order."""
+        self.generator, self.params, self.queue.generator = generator, params, generator
+        endpoint = self.start()
+        batch = uuid.uuid4().hex[:12]
+        rids = [[f"{batch}-{i}-{j}" for j in range(params.n)] for i in range(len(prompts))]
+        for group in rids:
+            for rid in group:
+                self.book.open(rid)
+        flat = [(prompt, rid) for prompt, group in zip(prompts, rids, strict=True) for rid in group]
+        results = resolve(self._run_all(endpoint, flat))  # on the process's loop for user code
+        prompt_ids, trajectories = [], []
+        for prompt, group in zip(prompts, rids, strict=True):
+            outs, opening = [], None
+            for rid in group:
+                rollout, result = self.book.close(rid), results[rid]
+                failed = isinstance(result, BaseException)
+                reward = None if failed else result
+                traj = self.book.trajectory(rollout, reward, failed, params.logprobs)
+                if traj.failed and failed:
+                    self._note(describe_exception(result), "".join(traceback.format_exception(result)))
+                elif traj.failed and not failed:
+                    self._note("the agent returned without a request to the endpoint (use the client it is given)")
+                if opening is None and not traj.failed:
+                    opening = rollout.opening
+                elif not traj.failed and rollout.opening != opening:
+                    traj.failed = True  # a group shares its prompt: this agent opened another way
+                    self._note(f"{self.name} opened two rollouts of prompt {prompt.id!r} with different messages")
+                self.counts["turns"] += traj.turns
+                self.counts["environment_errors"] += traj.failed
+                outs.append(traj)
+            prompt_ids.append(opening if opening is not None else [])
+            trajectories.append(outs)
+        return prompt_ids, trajectories
+
+    async def _run_all(self, endpoint: Endpoint, calls: list[tuple[object, str]]) -> dict[str, object]:
+        """Each rollout's reward (float or None), or the exception that ended it, by rollout id."""
+        import httpx
+        import openai
+
+        if self.is_async:
+            async with httpx.AsyncClient(timeout=None) as http:
+                outs = await asyncio.gather(
+                    *(
+                        self._one(
+                            prompt,
+                            openai.AsyncOpenAI(base_url=endpoint.rollout_url(rid), api_key="tba", http_client=http),
+                        )
+                        for prompt, rid in calls
+                    )
+                )
+        else:
+            with httpx.Client(timeout=None) as http:
+                outs = await asyncio.gather(
+                    *(
+                        self._one(
+                            prompt, openai.OpenAI(base_url=endpoint.rollout_url(rid), api_key="tba", http_client=http)
+                        )
+                        for prompt, rid in calls
+                    )
+                )
+        return {rid: out for (_, rid), out in zip(calls, outs, strict=True)}
+
+    async def _one(self, prompt, client):
+        call = (
+            self.agent(prompt, client, **self.agent_args)
+            if self.is_async
+            else asyncio.get_running_loop().run_in_executor(
+                self.pool, functools.partial(self.agent, prompt, client, **self.agent_args)
+            )
+        )
+        try:
+            result = await asyncio.wait_for(call, self.timeout)
+            if inspect.isawaitable(result):  # a plain function that returned a coroutine
+                result = await asyncio.wait_for(result, self.timeout)
+            return _reward(result, self.name)
+        except Exception as e:  # the rollout's, said in rollout() unless its budget had ended it
+            return e
+
+    def _note(self, what: str, detail: str = "") -> None:
+        key = what.splitlines()[0] if what else ""
+        if key not in self._reported:
+            self._reported.add(key)
+            self.errors.append(
+                f"{self.name} failed a rollout (counted in searcher/environment_errors): {what}\n{detail}"
+            )
+
+    def take_counts(self) -> dict[str, int]:
+        out, self.counts = self.counts, dict.fromkeys(COUNTS, 0)
+        return out
+
+    def take_generate_s(self) -> float:
+        return self.queue.take_generate_s()
+
+    def take_new_errors(self) -> list[str]:
+        out, self.errors = self.errors, []
+        return out
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+        self.queue.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _reward(result, name: str) -> float | None:
+    if result is None:
+        return None
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
+        raise TypeError(f"{name} returned {result!r}: an agent returns its rollout's reward (a finite number) or None")
+    return float(result)

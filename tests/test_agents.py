@@ -1,0 +1,90 @@
+"""An agent task (``task.agent``) trains end to end in both runtimes: the searcher serves its
+endpoint, an agent drives tool-calling conversations through the ``openai`` client (the tool demo's
+model calls the calculator, the agent runs it), and the trainer trains on the endpoint's tokens
+(the tool's answers marked 0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.conftest import stored_rollouts
+
+from tba.config import ConfigError, load_config
+from tba.metrics import read_metrics
+from tba.runtime.async_loop import run_ray
+from tba.runtime.sync_loop import run_sync
+
+pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
+
+AGENT = Path("examples/agents/calculator_agent.py").resolve()
+
+
+def args(tmp_path, runtime: str, *extra: str) -> list[str]:
+    """configs/agent.yaml, small."""
+    return [
+        f"--runtime.type={runtime}",
+        f"--task.agent={AGENT}:calculator_agent",
+        "--eval.limit=8",
+        "--trainer.steps=3",
+        "--trainer.batch_prompts=4",
+        "--generation.prompts_per_batch=4",
+        "--generation.group_size=4",
+        "--trainer.checkpoint_every=3",
+        "--eval.every=3",
+        "--logging.progress=false",
+        "--runtime.trainer_cpus=1",
+        "--run.threads=1",
+        f"--run.output_dir={tmp_path}",
+        "--run.name=a",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("runtime", ["sync", "ray"])
+def test_a_tool_calling_agent_trains_on_the_endpoints_tokens(tmp_path, runtime, request):
+    if runtime == "ray":
+        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
+    run = run_sync if runtime == "sync" else run_ray
+    run_dir, summary = run(load_config("configs/agent.yaml", args(tmp_path, runtime)))
+    assert summary["trainer_steps"] == 3
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    last = train[-1]
+    assert last["searcher/environment_errors"] == 0
+    # the warm-started model calls the calculator, then answers: two replies, mostly
+    assert 1.5 < last["searcher/turns_per_conversation"] <= 3
+    evals = [r for r in records if r.get("eval/accuracy") is not None]
+    assert [r["step"] for r in evals] == [0, 3] and evals[0]["eval/turns"] > 1.5
+    rollouts = stored_rollouts(run_dir, 3)
+    two = [r for r in rollouts if r.action_mask is not None and 0 in r.action_mask]
+    assert two, "a conversation with the tool's answer between the model's replies"
+    for r in two:  # the model's call, the tool's answer, the model's answer
+        mask = list(r.action_mask)
+        first, end = mask.index(0), len(mask) - mask[::-1].index(0)
+        assert set(mask[:first]) == {1} and set(mask[first:end]) == {0} and set(mask[end:]) == {1}
+
+
+def test_an_agent_that_cannot_be_loaded_is_refused_before_the_run(tmp_path):
+    cfg = load_config("configs/agent.yaml", args(tmp_path, "sync", f"--task.agent={AGENT}:nope"))
+    with pytest.raises(Exception, match="task.agent .*has no attribute 'nope'"):
+        run_sync(cfg)
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ConfigError, match="task.agent with task.tools or task.environment"):
+        load_config("configs/agent.yaml", args(tmp_path, "sync", "--task.tools=[tba.tasks.calculator:calculator]"))
+
+
+def test_the_agents_greedy_conversations_are_the_built_in_tool_loops_token_for_token():
+    """The same model, tool and prompts, driven by tba's tool environment (task.tools) or by the
+    agent through the endpoint: the same conversations, the same accuracy. Nothing drifts between
+    the endpoint's rendering and the environment's."""
+    from tba.eval_command import evaluate_target, resolve_target
+
+    common = ["--eval.limit=16", "--eval.log_samples=16", "--run.threads=1"]
+    tools = evaluate_target(resolve_target("builtin:tiny-tools", "configs/tools.yaml", common, None))
+    agent = evaluate_target(resolve_target("builtin:tiny-tools", "configs/agent.yaml", common, None))
+    assert agent["metrics"]["eval/accuracy"] == tools["metrics"]["eval/accuracy"]
+    assert agent["metrics"]["eval/turns"] == tools["metrics"]["eval/turns"] > 1.5
+    assert [s["completion"] for s in agent["samples"]] == [s["completion"] for s in tools["samples"]]
+    print(f"\ngreedy accuracy on 16 problems: {agent['metrics']['eval/accuracy']:.3f} by either path")
