@@ -40,6 +40,7 @@ HEAVY_FIRST = [
     "test_cli_integration.py",
     "test_reasoning_gym.py",
     "test_agents.py",
+    "test_verifiers.py",
     "test_checkpoints.py",
     "test_ray_actors.py",
     "test_bounds.py",

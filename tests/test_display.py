@@ -181,6 +181,7 @@ FAMILIES: dict[str, Callable[[], list[str]]] = {
     "eval/{name}": sampled_metric_names,
     "eval/{task.eval_metric}/{group}": lambda: ["eval/reward/<dataset>"],
     "reward/{name}_mean": lambda: ["reward/<name>_mean"],
+    "reward/{key}_mean": lambda: ["reward/<name>_mean"],  # an agent's metrics (a verifiers rubric's functions)
     "train/{'log_z' if key == 'log_z_mean' else key}": objective_metrics,
 }
 

@@ -30,6 +30,7 @@ from tba.config.task import (
     RedteamTaskConfig,
     TaskConfig,
     TLDRTaskConfig,
+    VerifiersTaskConfig,
 )
 from tba.config.training import BufferConfig, ObjectiveConfig, TrainerConfig
 
@@ -49,6 +50,7 @@ __all__ = [
     "ModelConfig",
     "ObjectiveConfig",
     "ReasoningGymTaskConfig",
+    "VerifiersTaskConfig",
     "RedteamTaskConfig",
     "RunConfig",
     "RuntimeConfig",

@@ -81,7 +81,7 @@ def absolute_paths(cfg: Config) -> Config:
     for key in ("reward_funcs", "tools"):
         if getattr(t, key, None):
             updates[key] = [_file_spec(spec) for spec in getattr(t, key)]
-    for key in ("environment", "agent"):
+    for key in ("environment", "agent", "env"):
         if getattr(t, key, None):
             updates[key] = _file_spec(getattr(t, key))
     models = {

@@ -6,82 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from tba.config.section import Section
-
-
-class _TaskSection(Section):
-    """What every task has."""
-
-    reward_timeout: float | None = Field(None, gt=0)
-    """Seconds one call of the reward functions may take (a batch's, or with ``generation.stream``
-    the groups that finished together); a call past it is given up, its samples dropped and counted
-    (``searcher/reward_timeouts``). Default: no limit."""
-    tools: list[str] = []
-    """Tools the model may call, as ``module:function`` or ``path/to/file.py:function`` (plain or async
-    Python functions with type hints and an ``Args:`` docstring, rendered into the prompt by the chat
-    template): each reply is read for calls in the template's own format, the calls run, and their
-    results come back as ``tool`` messages until a reply calls nothing or ``max_turns`` replies were
-    made. Needs a chat model with a tool-call template."""
-    environment: str | None = None
-    """A multi-turn environment, ``module:Class`` or ``path/to/file.py:Class``, with
-    ``reset(prompt) -> messages`` and ``step(messages) -> (new_messages, reward or None, done)`` (plain
-    or async), built with ``environment_args``: one instance per conversation. Not with ``tools``
-    (tools are an environment)."""
-    environment_args: dict[str, Any] = {}
-    """Keyword arguments of ``environment`` (its class or factory)."""
-    max_turns: int = Field(4, ge=1)
-    """Replies of the model per conversation with ``tools`` or ``environment``; a conversation still
-    going after the last one is unfinished (``generation.unfinished_reward``)."""
-    max_trajectory_tokens: int | None = Field(None, ge=1)
-    """Tokens of a whole conversation after the prompt (the model's replies and the environment's
-    messages); one that reaches it is unfinished. Default: no limit besides ``max_turns`` replies of
-    ``generation.max_new_tokens`` each."""
-    tool_timeout: float | None = Field(10.0, gt=0)
-    """Seconds one tool call may run; a call past it becomes an ``error:`` tool message, counted
-    (``searcher/tool_timeouts``). None: no limit."""
-    system_prompt: str | None = None
-    """With ``tools``: a system message opening every conversation (besides the tools' schemas, which
-    the chat template renders)."""
-    agent: str | None = None
-    """An agent that drives each rollout through an OpenAI-compatible endpoint the searcher serves:
-    ``module:function`` or ``path/to/file.py:function``, called as ``agent(prompt, client,
-    **agent_args)`` (plain or async) with an ``openai`` client whose base URL belongs to the rollout;
-    it returns the reward, or None for the task's reward functions to score the last reply. The
-    trajectory is the tokens the endpoint generated for it (docs/agents.md). Not with ``tools`` or
-    ``environment``."""
-    agent_args: dict[str, Any] = {}
-    """Keyword arguments of ``agent``."""
-    agent_timeout: float | None = Field(600.0, gt=0)
-    """Seconds one rollout of ``agent`` may take; one past it is dropped and counted
-    (``searcher/environment_errors``). None: no limit."""
-    environment_workers: int = Field(128, ge=1)
-    """Threads that run the conversations' environment steps (tool calls) of one turn side by side: a
-    tool that waits (a sandbox, a remote service) waits beside the others. With a 0.2 s tool, 128
-    made the tool demo's sync steps 2.9x faster than 8 (``benchmarks/results/tools/README.md``)."""
-
-    @model_validator(mode="after")
-    def _check_turns(self) -> _TaskSection:
-        if self.tools and self.environment:
-            raise ValueError(
-                "task.tools and task.environment: tools are one kind of environment; give the tools to your "
-                "environment, or leave task.environment unset"
-            )
-        if self.agent and (self.tools or self.environment):
-            raise ValueError(
-                "task.agent with task.tools or task.environment: the agent drives the conversation (its own tools "
-                "included); leave task.tools and task.environment unset"
-            )
-        if self.agent_args and not self.agent:
-            raise ValueError("task.agent_args without task.agent: name the agent's module:function")
-        if self.environment_args and not self.environment:
-            raise ValueError("task.environment_args without task.environment: name the environment's module:Class")
-        return self
-
-    @property
-    def multi_turn(self) -> bool:
-        """Whether conversations have more than the prompt and one reply (tools, an environment or
-        an agent)."""
-        return bool(self.tools or self.environment or self.agent)
+from tba.config.task_common import TaskSection as _TaskSection
+from tba.config.task_ecosystem import ReasoningGymTaskConfig, VerifiersTaskConfig
 
 
 class ArithmeticTaskConfig(_TaskSection):
@@ -250,82 +176,6 @@ class TLDRTaskConfig(_DataTaskConfig):
     """The judge's tokenizer (the paper's judge uses ``EleutherAI/pythia-6.9b-deduped``); default: its own."""
 
 
-class ReasoningGymDataset(Section):
-    """One reasoning-gym dataset of a mix."""
-
-    name: str = Field(min_length=1)
-    """Its name in reasoning-gym (``chain_sum``, ``leg_counting``, ...)."""
-    weight: float = Field(1.0, gt=0)
-    """Its share of the mix (relative to the others' weights)."""
-    config: dict[str, Any] = {}
-    """Its generator's settings (``min_digits: 2``): the fields of its config class in reasoning-gym."""
-
-
-class ReasoningGymTaskConfig(_TaskSection):
-    name: Literal["reasoning_gym"] = "reasoning_gym"
-    """Task type. ``reasoning_gym``: procedural problems of the ``reasoning-gym`` package, scored by
-    its own ``score_answer`` (``pip install 'tba[reasoning-gym]'``)."""
-    datasets: list[ReasoningGymDataset] = Field(min_length=1)
-    """The datasets to draw problems from, with their weights and settings; a bare name stands for
-    ``{name: ..., weight: 1}``. Rewards and evaluation are also reported per dataset."""
-    size: int = Field(1000, ge=1)
-    """Training problems, generated from ``seed``."""
-    seed: int = 1234
-    """Seed of the training problems (independent of ``run.seed``, so runs share them)."""
-    eval_size: int = Field(100, ge=1)
-    """Held-out problems, generated from ``eval_seed``; training never draws one of their prompts."""
-    eval_seed: int | None = None
-    """Seed of the held-out problems; default ``seed + 1,000,000``. reasoning-gym draws problem ``i``
-    of a generator from ``seed + i`` (and a mix's generators from the next seeds), so the seeds'
-    ranges must not overlap: nearby seeds give the same problems, shifted."""
-    template: str = "{question}"
-    """The prompt: ``{question}``, or a format string over the problem's metadata (``{expression}=``)."""
-    system_prompt: str | None = None
-    """A system message before each problem: the name of one of reasoning-gym's ``SYSTEM_PROMPTS``
-    (``default``, ``direct``, ``simple``, ...) or the text itself. Default: none (the problem alone,
-    through ``model.chat_template``)."""
-    answer_format: Literal["tags", "last_number", "text"] = "tags"
-    """How the answer is read from a completion: ``tags``, the last ``<answer>...</answer>`` (what
-    reasoning-gym's system prompts ask for; none found scores 0); ``last_number``, the last number as
-    written (commas removed; for numeric problems and models that answer in a sentence); or
-    ``text``, the whole completion."""
-    max_prompt_tokens: int | None = Field(1024, ge=1)
-    """Prompts longer than this many tokens are dropped at load and counted; None keeps every prompt."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_names(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("datasets"), list | str):
-            found = [data["datasets"]] if isinstance(data["datasets"], str) else data["datasets"]
-            data = {**data, "datasets": [{"name": d} if isinstance(d, str) else d for d in found]}
-        return data
-
-    @model_validator(mode="after")
-    def _check_mix(self) -> ReasoningGymTaskConfig:
-        names = [d.name for d in self.datasets]
-        if len(set(names)) < len(names):
-            raise ValueError(
-                f"datasets: {sorted({n for n in names if names.count(n) > 1})} listed twice; list each once"
-            )
-        n = len(self.datasets) + 1
-        train, held = (
-            (self.seed, self.seed + self.size + n),
-            (self.held_out_seed, self.held_out_seed + self.eval_size + n),
-        )
-        if train[0] < held[1] and held[0] < train[1]:
-            raise ValueError(
-                f"eval_seed {self.held_out_seed}: reasoning-gym seeds problem i with seed + i, so the held-out "
-                f"problems (seeds {held[0]}-{held[1]}) would repeat training ones (seeds {train[0]}-{train[1]}); "
-                "leave eval_seed unset or move it out of that range"
-            )
-        return self
-
-    @property
-    def held_out_seed(self) -> int:
-        """The held-out problems' seed (``eval_seed``, default ``seed + 1,000,000``)."""
-        return self.seed + 1_000_000 if self.eval_seed is None else self.eval_seed
-
-
 class RedteamTaskConfig(_TaskSection):
     name: Literal["redteam"] = "redteam"
     """Task type. ``redteam``: the policy writes attacks, a victim answers, a classifier scores."""
@@ -386,9 +236,10 @@ TaskConfig = Annotated[
     | GSM8KTaskConfig
     | TLDRTaskConfig
     | RedteamTaskConfig
-    | ReasoningGymTaskConfig,
+    | ReasoningGymTaskConfig
+    | VerifiersTaskConfig,
     Field(discriminator="name"),
 ]
 """One config class per task type; ``task.name`` picks it. Adding a task: a class here (with a
 ``name`` literal) and a module in ``tba.tasks`` registered under that name."""
-TASK_NAMES = ("arithmetic", "dataset", "gsm8k", "tldr", "redteam", "reasoning_gym")
+TASK_NAMES = ("arithmetic", "dataset", "gsm8k", "tldr", "redteam", "reasoning_gym", "verifiers")

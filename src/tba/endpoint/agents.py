@@ -56,6 +56,7 @@ class AgentConversations:
         self.params: SamplingParams | None = None
         self.endpoint: Endpoint | None = None  # started by the first rollout
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.last_metrics: dict[str, float] = {}  # the latest batch's mean of each metric the agent reported
         self.errors: list[str] = []
         self._reported: set[str] = set()
 
@@ -83,13 +84,14 @@ class AgentConversations:
                 self.book.open(rid)
         flat = [(prompt, rid) for prompt, group in zip(prompts, rids, strict=True) for rid in group]
         results = resolve(self._run_all(endpoint, flat))  # on the process's loop for user code
+        self._note_metrics([r for r in results.values() if isinstance(r, tuple)])
         prompt_ids, trajectories = [], []
         for prompt, group in zip(prompts, rids, strict=True):
             outs, opening = [], None
             for rid in group:
                 rollout, result = self.book.close(rid), results[rid]
                 failed = isinstance(result, BaseException)
-                reward = None if failed else result
+                reward = None if failed else result[0]
                 traj = self.book.trajectory(rollout, reward, failed, params.logprobs)
                 if traj.failed and failed:
                     self._note(describe_exception(result), "".join(traceback.format_exception(result)))
@@ -159,6 +161,19 @@ class AgentConversations:
                 f"{self.name} failed a rollout (counted in searcher/environment_errors): {what}\n{detail}"
             )
 
+    def _note_metrics(self, results: list[tuple[float | None, dict[str, float]]]) -> None:
+        sums: dict[str, list[float]] = {}
+        for _, metrics in results:
+            for key, value in metrics.items():
+                sums.setdefault(key, []).append(value)
+        if sums:
+            self.last_metrics = {key: sum(v) / len(v) for key, v in sums.items()}
+
+    def reward_means(self) -> dict[str, float]:
+        """``reward/<name>_mean`` of each metric the agent reports (a rubric's functions), over the
+        latest batch."""
+        return {f"reward/{key}_mean": value for key, value in self.last_metrics.items()}
+
     def take_counts(self) -> dict[str, int]:
         out, self.counts = self.counts, dict.fromkeys(COUNTS, 0)
         return out
@@ -177,9 +192,21 @@ class AgentConversations:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _reward(result, name: str) -> float | None:
+def _reward(result, name: str) -> tuple[float | None, dict[str, float]]:
+    """An agent's result as (reward, metrics): a number, None, or ``{"reward": ..., "metrics": {...}}``."""
+    metrics: dict[str, float] = {}
+    if isinstance(result, dict):
+        metrics = {str(k): float(v) for k, v in (result.get("metrics") or {}).items() if _number(v)}
+        result = result.get("reward")
     if result is None:
-        return None
-    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
-        raise TypeError(f"{name} returned {result!r}: an agent returns its rollout's reward (a finite number) or None")
-    return float(result)
+        return None, metrics
+    if not _number(result):
+        raise TypeError(
+            f"{name} returned {result!r}: an agent returns its rollout's reward (a finite number), None, or "
+            '{"reward": ..., "metrics": {...}}'
+        )
+    return float(result), metrics
+
+
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

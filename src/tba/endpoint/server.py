@@ -190,6 +190,7 @@ class Endpoint:
         messages = _field(body, "messages", list)
         if not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise EndpointError(400, "messages must be a non-empty list of {role, content} objects")
+        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # unset fields, as absent
         tools = _field(body, "tools", list) or None
         params = self._sampling(body, rid)
         if rid is None:

@@ -245,6 +245,10 @@ class Conversations:
                 + "".join(traceback.format_exception(e))
             )
 
+    def reward_means(self) -> dict[str, float]:
+        """(An environment's rewards are the trajectories' own: nothing beyond them.)"""
+        return {}
+
     def take_new_errors(self) -> list[str]:
         """The first failure of each kind of environment step since the last call (for errors.log)."""
         out, self.errors = self.errors, []
@@ -306,18 +310,25 @@ def make_conversations(task_cfg, tokenizer, eos_ids: set[int]):
     or ``agent``), checked against the tokenizer; None for a single-turn task."""
     if not task_cfg.multi_turn:
         return None
-    if task_cfg.agent:
+    if task_cfg.agent or task_cfg.name == "verifiers":
         from tba.endpoint.agents import AgentConversations
 
+        if task_cfg.name == "verifiers":  # the environment's rollouts are its agent
+            from tba.tasks.verifiers import load_vf_environment, verifiers_agent
+
+            agent, name = verifiers_agent(load_vf_environment(task_cfg.env, task_cfg.env_args)), "task.env"
+        else:
+            agent, name = load_object(task_cfg.agent, "task.agent", ToolError), "task.agent"
         return AgentConversations(
             tokenizer,
-            load_object(task_cfg.agent, "task.agent", ToolError),
+            agent,
             eos_ids,
             task_cfg.max_turns,
             task_cfg.max_trajectory_tokens,
             task_cfg.agent_timeout,
             task_cfg.agent_args,
             task_cfg.environment_workers,
+            name,
         )
     tools = None
     if task_cfg.tools:

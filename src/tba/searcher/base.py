@@ -323,6 +323,7 @@ class Searcher(Resumable):
                     "searcher/tool_errors": float(s.tool_errors),
                     "searcher/tool_timeouts": float(s.tool_timeouts),
                     "searcher/environment_errors": float(s.environment_errors),
+                    **self.conversations.reward_means(),  # an agent's own (a verifiers rubric's functions)
                 }
             )
         out.update(self.reward_stats.metrics())

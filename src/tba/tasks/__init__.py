@@ -41,6 +41,12 @@ def _redteam(cfg, **kwargs) -> Task:
     return RedteamTask(cfg, **kwargs)
 
 
+def _verifiers(cfg, **kwargs) -> Task:
+    from tba.tasks.verifiers import VerifiersTask  # imports verifiers: only when asked for
+
+    return VerifiersTask(cfg, **kwargs)
+
+
 def _reasoning_gym(cfg, **kwargs) -> Task:
     from tba.tasks.reasoning_gym import ReasoningGymTask  # imports reasoning_gym: only when asked for
 
@@ -54,6 +60,7 @@ TASKS = {
     "tldr": _tldr,
     "redteam": _redteam,
     "reasoning_gym": _reasoning_gym,
+    "verifiers": _verifiers,
 }
 
 
