@@ -19,9 +19,14 @@ COMPILED := $(VENV)/.compiled
 
 .PHONY: demo example test test-fast lint bench clean lock docs demo-models
 
+# openenv-core (tba[openenv]) requires gradio for its web page, and gradio pins huggingface_hub<2
+# and pillow<13, below the versions transformers and the lock have; the tests use its server and
+# client only, which import neither. So it is installed without its dependencies, after the ones
+# it imports (fastmcp, in the dev extra).
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --no-compile $(PIP_LOCK) "$(TORCH_SPEC)" -e ".[dev]"
+	$(VENV)/bin/pip install --quiet --no-compile $(PIP_LOCK) --no-deps openenv-core==0.3.0
 	touch $(STAMP)
 
 # The tests also run the vLLM backend, on vLLM for CPUs (x86-64 Linux wheels only): with the CPU

@@ -41,6 +41,7 @@ HEAVY_FIRST = [
     "test_reasoning_gym.py",
     "test_agents.py",
     "test_verifiers.py",
+    "test_openenv.py",
     "test_checkpoints.py",
     "test_ray_actors.py",
     "test_bounds.py",

@@ -9,6 +9,9 @@ An environment is any object with two methods, plain or ``async``:
   simulator's next turn, a grader's feedback), a reward (None: the task's reward functions score
   the conversation) and whether it has ended.
 
+An environment may also have ``close()`` (plain or ``async``), called once its conversation has
+ended (a session on a server, a sandbox).
+
 Tools are one built-in environment of this kind (:class:`ToolEnvironment`); games, user
 simulators and graders that talk back are others, loaded by ``module:Class``
 (:func:`load_environment`). The searcher owns the tokens: the model's replies are what it
@@ -28,7 +31,11 @@ from tba.user_code import load_object
 def load_environment(spec: str, base: str | Path | None = None, **kwargs) -> Any:
     """An environment from ``"module:Class"`` (or ``"module:factory"``, or ``"file.py:Class"``: the
     forms of :mod:`tba.user_code`, relative to ``base``) called with ``kwargs``, checked to have
-    ``reset`` and ``step``."""
+    ``reset`` and ``step``. ``"openenv:<url>"``: an OpenEnv server's environment (:mod:`tba.openenv`)."""
+    if spec.startswith("openenv:"):
+        from tba.openenv import make_openenv
+
+        return make_openenv(spec, **kwargs)
     factory = load_object(spec, "task.environment", ToolError, base)
     try:
         env = factory(**kwargs)

@@ -132,11 +132,15 @@ class Conversations:
     ) -> tuple[list[list[int]], list[list[Trajectory]]]:
         """The prompts' token ids (each conversation's opening, rendered with the tools) and
         ``params.n`` trajectories per prompt, in prompt order."""
-        openings = list(self.pool.map(self._open, prompts, [params.n] * len(prompts)))
+        n = params.n
+        openings = list(self.pool.map(self._open, prompts, [n] * len(prompts)))
         prompt_ids = [ids for ids, _ in openings]
         convs = [c for _, group in openings for c in group]
-        first = self._generate(generator, prompt_ids, params)
-        self._take([c for group in first for c in group], convs, params)
+        self.counts["environment_errors"] += sum(c.failed for c in convs)  # resets that raised
+        opened = [i for i, ids in enumerate(prompt_ids) if ids]  # (a prompt none of whose resets worked: none)
+        first = self._generate(generator, [prompt_ids[i] for i in opened], params) if opened else []
+        taken = [(out, convs[i * n + j]) for i, group in zip(opened, first, strict=True) for j, out in enumerate(group)]
+        self._take([out for out, c in taken if not c.failed], [c for _, c in taken if not c.failed], params)
         for _ in range(1, self.max_turns):
             alive = [i for i, c in enumerate(convs) if not c.done]
             if not alive:
@@ -153,7 +157,6 @@ class Conversations:
                 outs = self._generate(generator, contexts, replace(params, n=1, max_new_tokens=budget))
                 self._take([o[0] for o in outs], [convs[i] for i in idx], params)
         trajectories = [self._trajectory(c, params) for c in convs]
-        n = params.n
         return prompt_ids, [trajectories[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _generate(self, generator: Generator, prompts: list[list[int]], params: SamplingParams):
@@ -176,19 +179,25 @@ class Conversations:
     def _open(self, prompt, n: int) -> tuple[list[int], list[Conversation]]:
         """The prompt's opening messages, rendered to token ids, and its ``n`` conversations (each
         with an environment of its own, which must open the same way: a group shares its prompt)."""
-        convs = []
+        convs, opening = [], None
         for _ in range(n):
             env = self.make_env()
-            messages = list(call(env.reset, prompt))
-            if convs and messages != convs[0].messages:
+            try:
+                messages = list(call(env.reset, prompt))
+            except Exception as e:  # a server gone, say: this conversation is lost, counted, not the batch
+                self._note(e, "an environment's reset raised; its conversation is dropped (environment_errors)")
+                convs.append(Conversation(None, [], done=True, failed=True))
+                continue
+            if opening is not None and messages != opening:
                 raise ToolError(
                     f"{type(env).__name__}.reset gave two different openings for prompt {prompt.id!r}: the "
                     "completions of a group must share their prompt; make reset depend on the prompt only"
                 )
+            opening = messages
             convs.append(Conversation(env, messages))
-        ids = self.tokenizer.apply_chat_template(
-            convs[0].messages, tools=self.tools, add_generation_prompt=True, tokenize=True
-        )
+        if opening is None:
+            return [], convs
+        ids = self.tokenizer.apply_chat_template(opening, tools=self.tools, add_generation_prompt=True, tokenize=True)
         ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5: a BatchEncoding
         return list(ids), convs
 
@@ -234,16 +243,23 @@ class Conversations:
         if isinstance(conv.env, ToolEnvironment):  # its environment served this conversation only
             for key, value in conv.env.counts().items():
                 self.counts[f"tool_{key}"] += value
+        close = getattr(conv.env, "close", None)  # (optional: an environment's session, e.g. OpenEnv's)
+        if callable(close):
+            try:
+                call(close)
+            except Exception as e:  # the conversation is complete: said in errors.log, not dropped
+                self._note(e, "an environment's close() raised (its conversation is kept)")
         return conv.trajectory(self.tokenizer, params.logprobs)
 
-    def _note(self, e: Exception) -> None:
-        kind = f"{type(e).__name__}: {e}".splitlines()[0]
+    def _note(
+        self,
+        e: Exception,
+        what: str = "an environment step raised; its conversation is dropped (counted in searcher/environment_errors)",
+    ) -> None:
+        kind = f"{what}{type(e).__name__}: {e}".splitlines()[0]
         if kind not in self._reported:
             self._reported.add(kind)
-            self.errors.append(
-                "an environment step raised; its conversation is dropped (counted in searcher/environment_errors): "
-                + "".join(traceback.format_exception(e))
-            )
+            self.errors.append(f"{what}: " + "".join(traceback.format_exception(e)))
 
     def reward_means(self) -> dict[str, float]:
         """(An environment's rewards are the trajectories' own: nothing beyond them.)"""
