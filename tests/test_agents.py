@@ -88,3 +88,64 @@ def test_the_agents_greedy_conversations_are_the_built_in_tool_loops_token_for_t
     assert agent["metrics"]["eval/turns"] == tools["metrics"]["eval/turns"] > 1.5
     assert [s["completion"] for s in agent["samples"]] == [s["completion"] for s in tools["samples"]]
     print(f"\ngreedy accuracy on 16 problems: {agent['metrics']['eval/accuracy']:.3f} by either path")
+
+
+LOGGING_AGENT = '''
+import json
+
+from transformers.utils import get_json_schema
+
+from tba.tasks.calculator import calculator
+
+
+def logged(prompt, client, log):
+    """The calculator agent, writing each rollout's answers (their token ids) to ``log``."""
+    messages, answers = [{"role": "user", "content": prompt.text}], []
+    try:  # (a request past the rollout's budget raises: the rollout is kept, unfinished)
+        while True:
+            answer = client.chat.completions.create(
+                model="policy",
+                messages=messages,
+                tools=[get_json_schema(calculator)],
+                extra_body={"return_token_ids": True},
+            )
+            answers.append([answer.prompt_token_ids, answer.choices[0].token_ids])
+            message = answer.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                try:
+                    result = calculator(**json.loads(call.function.arguments))
+                except Exception as e:
+                    result = f"error: {e}"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    finally:
+        with open(log, "a") as f:
+            f.write(json.dumps(answers) + "\\n")
+'''
+
+
+def test_what_the_trainer_trains_on_is_the_tokens_the_endpoint_answered_with(tmp_path):
+    """Every rollout in the replay buffer is, token for token, one rollout's answers: after its
+    opening, the context each answer was generated after and what it generated."""
+    import json
+
+    agent, log = tmp_path / "logged.py", tmp_path / "answers.jsonl"
+    agent.write_text(LOGGING_AGENT)
+    cfg = load_config(
+        "configs/agent.yaml",
+        args(tmp_path, "sync", f"--task.agent={agent}:logged", f"--task.agent_args={{log: {log}}}", "--eval.every=100"),
+    )
+    run_dir, _ = run_sync(cfg)
+    answered = set()
+    for answers in map(json.loads, log.read_text().splitlines()):
+        opening = answers[0][0]
+        for (before, wrote), (context, _) in zip(answers, answers[1:], strict=False):
+            # each answer's context: the last one's, its reply as generated, then the tool's message
+            assert context[: len(before) + len(wrote)] == before + wrote
+        context, tokens = answers[-1]
+        answered.add(tuple(context[len(opening) :] + tokens))
+    rollouts = stored_rollouts(run_dir, 3)
+    assert rollouts and all(r.completion in answered for r in rollouts)
+    assert any(0 in r.action_mask for r in rollouts)

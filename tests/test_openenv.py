@@ -203,3 +203,11 @@ def test_a_url_where_no_server_answers_is_refused_in_one_line(sums, tmp_path):
     assert not (tmp_path / "o").exists()
     with pytest.raises((ToolError, ConfigError), match="give the server's base URL"):
         run_sync(load_config(None, args(sums, "127.0.0.1:1", tmp_path, "sync")))
+
+
+def test_without_openenv_installed_the_line_names_the_extra(sums, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "openenv.core", None)  # what an absent package looks like to import
+    with pytest.raises(ToolError, match=r"needs the openenv-core package .*pip install 'tba\[openenv\]'"):
+        run_sync(load_config(None, args(sums, "http://127.0.0.1:1", tmp_path, "sync")))
