@@ -261,3 +261,48 @@ def test_an_agent_without_the_extra_installed_is_refused_with_the_install_line(e
         MissingDependency, match=rf"task.agent: .* needs {module}, which is not installed; pip install 'tba\[agents\]'"
     ):
         conversations(engine, lambda prompt, client: None)
+
+
+def test_a_request_whose_generation_failed_leaves_its_rollout_as_it_was_and_the_retry_goes_on(engine):
+    """The engine raises once (the client sees HTTP 500 and, as openai's client does, retries): the
+    retry is served as the first try would have been, and the trajectory has one reply."""
+    tok, _, generator, eos = engine
+
+    class FailsOnce:
+        version = VERSION
+
+        def __init__(self):
+            self.failed = False
+
+        def generate(self, prompts, params):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("the engine is out of memory")
+            return generator.generate(prompts, params)
+
+    answers = []
+
+    def agent(prompt, client):
+        messages = [dict(m) for m in prompt.messages]
+        answers.append(
+            client.chat.completions.create(model="p", messages=messages, extra_body={"return_token_ids": True})
+        )
+        messages += [answers[0].choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "And?"}]
+        if answers[0].choices[0].finish_reason == "stop":
+            answers.append(
+                client.chat.completions.create(model="p", messages=messages, extra_body={"return_token_ids": True})
+            )
+        return 0.5
+
+    convs = conversations(engine, agent)
+    flaky = FailsOnce()
+    torch.manual_seed(0)
+    try:
+        prompt_ids, groups = convs.rollout(flaky, prompts(1), SamplingParams(n=1, max_new_tokens=12))
+    finally:
+        convs.close()
+    (traj,) = groups[0]
+    assert flaky.failed and not traj.failed and traj.turns == len(answers)
+    assert answers[0].prompt_token_ids == prompt_ids[0]
+    last = answers[-1]
+    assert traj.token_ids == last.prompt_token_ids[len(prompt_ids[0]) :] + last.choices[0].token_ids

@@ -30,6 +30,8 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "scoring": 1,
     "tools": 2,
     "environments": 2,
+    "openenv": 2,  # an environment over an OpenEnv server
+    "endpoint": 2,  # the searcher's OpenAI-compatible endpoint, over a generator
     "grading": 1,
     "eval_metrics": 1,
     "tasks": 2,

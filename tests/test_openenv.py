@@ -22,7 +22,7 @@ from openenv.core.env_server.types import Action, Observation, State
 from tba.config import ConfigError, load_config
 from tba.demo.index import SHIPPED_DIR
 from tba.generation.base import SamplingParams
-from tba.generation.turns import make_conversations
+from tba.generation.multi_turn import make_conversations
 from tba.metrics import read_metrics
 from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync

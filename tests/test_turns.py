@@ -20,7 +20,8 @@ from tba.demo import tool_trace
 from tba.environments import ToolEnvironment
 from tba.evaluation import evaluate
 from tba.generation.base import Completion, SamplingParams
-from tba.generation.turns import Conversations, make_conversations
+from tba.generation.multi_turn import make_conversations
+from tba.generation.turns import Conversations
 from tba.models.logprobs import token_logprobs
 from tba.models.tiny import CALL_CLOSE, CALL_OPEN, build_tiny_llama, build_tool_tokenizer
 from tba.searcher import Searcher

@@ -144,7 +144,7 @@ def test_a_rubric_that_raises_costs_its_rollouts_counted_never_the_batch(envs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tba.generation.hf import HFGenerator
-    from tba.generation.turns import make_conversations
+    from tba.generation.multi_turn import make_conversations
     from tba.tasks import build_task
 
     cfg = load_config(None, args(envs, envs.parent, "sync", "single_turn", "--task.env_args={raising: true}"))

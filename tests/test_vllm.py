@@ -81,6 +81,19 @@ def test_vllm_on_a_chat_model_stops_at_its_end_of_turn_token_like_hf(every_check
 
 
 @needs_vllm
+def test_the_endpoint_over_a_vllm_engine_answers_with_the_engines_tokens_and_log_probs(every_check):
+    """An agent's request through tba.endpoint, the engine on the endpoint's thread: the context it
+    reports is the rollout's prompt, its tokens the engine's own greedy answer to that context, and
+    the trajectory exactly those tokens."""
+    result = check_result(every_check, "chat")["endpoint"]
+    assert "error" not in result, result.get("error")
+    assert result["context_is_the_prompt"]
+    assert result["answered"] == result["direct"] == result["trajectory"]
+    # the same engine computed both: they differ at most by the rounding of a softmax over the vocabulary
+    assert_reordered_close(result["logps"], result["direct_logps"], terms=result["vocab"], scale=1.0)
+
+
+@needs_vllm
 def test_vllm_stream_groups_leave_as_they_finish_and_weights_load_in_flight_or_drained(every_check):
     r = check_result(every_check, "stream")
     assert r["order"] == ["b", "c", "a"] and r["lengths"] == {"a": [20, 20], "b": [4, 4], "c": [12, 12]}

@@ -33,7 +33,8 @@ from tba.config import Config
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.generation.turns import Conversations, make_conversations, reply_texts, with_conversation
+from tba.generation.multi_turn import make_conversations
+from tba.generation.turns import Conversations, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
 from tba.tasks.base import EvalContext, Task

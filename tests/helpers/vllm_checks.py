@@ -141,7 +141,55 @@ def chat(path: str) -> dict:
         ("greedy_min3", SamplingParams(n=1, max_new_tokens=12, min_new_tokens=3, greedy=True)),
     ):
         out[name] = {"vllm": outputs(engine.generate(prompts, params)), "hf": outputs(hf.generate(prompts, params))}
+    try:  # (its own failure, not the chat checks')
+        out["endpoint"] = endpoint_on(engine, tokenizer, eos)
+    except Exception:
+        import traceback
+
+        out["endpoint"] = {"error": traceback.format_exc()}
     return out
+
+
+def endpoint_on(engine, tokenizer, eos) -> dict:
+    """An agent's request to the endpoint over this vLLM engine (tba.endpoint), against the
+    engine's own answer to the context the endpoint says it generated after."""
+    from tba.endpoint.agents import AgentConversations
+    from tba.generation.base import SamplingParams
+    from tba.tasks.base import Prompt
+
+    seen = {}
+
+    def agent(prompt, client):
+        r = client.with_options(max_retries=0).chat.completions.create(
+            model="policy", messages=list(prompt.messages), logprobs=True, extra_body={"return_token_ids": True}
+        )
+        seen["answer"] = (
+            r.prompt_token_ids,
+            r.choices[0].token_ids,
+            [c.logprob for c in r.choices[0].logprobs.content],
+        )
+        return 1.0
+
+    params = SamplingParams(n=1, max_new_tokens=12, greedy=True, logprobs=True)
+    convs = AgentConversations(tokenizer, agent, eos, max_turns=2)
+    question = {"role": "user", "content": "What is 3 + 4?"}
+    try:
+        prompt_ids, groups = convs.rollout(engine, [Prompt("q", question["content"], messages=(question,))], params)
+    finally:
+        convs.close()
+    if "answer" not in seen:
+        raise RuntimeError(f"the agent got no answer: {convs.take_new_errors()}")
+    context, tokens, logps = seen["answer"]
+    direct = engine.generate([context], params)[0][0]
+    return {
+        "context_is_the_prompt": context == prompt_ids[0],
+        "answered": tokens,
+        "direct": direct.token_ids,
+        "trajectory": groups[0][0].token_ids,
+        "logps": logps,
+        "direct_logps": direct.token_logps,
+        "vocab": len(tokenizer),
+    }
 
 
 def teacher_forced(model, prompts, groups, tokenizer, eos):

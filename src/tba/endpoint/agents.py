@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from tba.endpoint.book import RolloutBook
 from tba.endpoint.queue import GenerationQueue
 from tba.endpoint.server import Endpoint, require_extras
@@ -76,6 +78,7 @@ class AgentConversations:
         """``params.n`` rollouts of each prompt by the agent, side by side; the prompts' token ids
         (each group's opening as its first request rendered it) and the trajectories, in order."""
         self.generator, self.params, self.queue.generator = generator, params, generator
+        self.queue.threads = torch.get_num_threads()  # this thread's, for the generation thread
         endpoint = self.start()
         batch = uuid.uuid4().hex[:12]
         rids = [[f"{batch}-{i}-{j}" for j in range(params.n)] for i in range(len(prompts))]

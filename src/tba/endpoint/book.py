@@ -38,6 +38,7 @@ class Rollout:
     text: str = ""  # the completions API: the prompt and completions so far, as text
     cut: bool = False  # a request past the rollout's budget (turns or tokens): unfinished, not failed
     serving: bool = False  # a request of it is being served
+    undo: tuple | None = None  # what it was before the request being served (restored if that fails)
     versions: list[int] = field(default_factory=list)  # the weights version of each reply
 
 
@@ -95,6 +96,8 @@ class RolloutBook:
         if r.conv.done:
             r.cut = True  # the budget ended it (a reply cut at max_tokens, or max_turns): unfinished
             raise EndpointError(400, f"rollout {rid!r} has ended ({self._why_ended(r)}); the conversation cannot go on")
+        c = r.conv
+        r.undo = (r.opening, r.tools, r.text, r.chat, list(c.messages), len(c.ids))
         return r
 
     def _why_ended(self, r: Rollout) -> str:
@@ -199,7 +202,10 @@ class RolloutBook:
             if r is None:
                 return
             r.serving = False
-            if out is None:
+            if out is None:  # generation failed: as before the request, which may be sent again
+                if r.undo is not None:
+                    r.opening, r.tools, r.text, r.chat, r.conv.messages, n = r.undo
+                    del r.conv.ids[n:], r.conv.mask[n:], r.conv.logps[n:]
                 return
             r.conv.take_reply(out, self.tokenizer, self.eos_ids)
             r.versions.append(version)

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+import torch
+
 from tba.generation.base import Completion, SamplingParams
 
 
@@ -18,6 +20,9 @@ class GenerationQueue:
 
     def __init__(self, waiting_for: Callable[[], int] = lambda: 0, linger_s: float = 0.02):
         self.generator = None  # set by the owner before requests come
+        # the intra-op threads of the thread that owns the generator: a thread starts with the
+        # process's default, and vLLM's CPU attention refuses a count other than its engine's
+        self.threads: int | None = None
         self.waiting_for = waiting_for
         self.linger_s = linger_s
         self.generate_s = 0.0
@@ -55,6 +60,8 @@ class GenerationQueue:
             self._generate(batch)
 
     def _generate(self, batch: list[tuple[list[int], SamplingParams, Future]]) -> None:
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         by_params: dict[SamplingParams, list[tuple[list[int], Future]]] = {}
         for ids, params, future in batch:
             if future.set_running_or_notify_cancel():

@@ -16,8 +16,8 @@ from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
+from tba.generation.multi_turn import make_conversations
 from tba.generation.stream import open_stream
-from tba.generation.turns import make_conversations
 from tba.generation.vllm_backend import AdapterLoraGenerator, LoraEngine, MergedLoraGenerator, VLLMGenerator
 from tba.models.loading import load_causal_lm, load_tokenizer
 from tba.models.lora import (

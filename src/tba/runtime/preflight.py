@@ -10,7 +10,7 @@ from pathlib import Path
 from tba.config import Config, ConfigError
 from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.demo.builtin import build_builtin
-from tba.generation.turns import make_conversations
+from tba.generation.multi_turn import make_conversations
 from tba.generation.vllm_backend import check_vllm_backend
 from tba.models.loading import check_causal_lm, eos_ids, generation_config_of, load_tokenizer
 from tba.models.lora import check_lora_config
