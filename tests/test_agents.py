@@ -41,31 +41,6 @@ def args(tmp_path, runtime: str, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_a_tool_calling_agent_trains_on_the_endpoints_tokens(tmp_path, runtime, request):
-    if runtime == "ray":
-        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
-    run = run_sync if runtime == "sync" else run_ray
-    run_dir, summary = run(load_config("configs/agent.yaml", args(tmp_path, runtime)))
-    assert summary["trainer_steps"] == 3
-    records = read_metrics(run_dir / "metrics.jsonl")
-    train = [r for r in records if "train/loss" in r]
-    assert [r["step"] for r in train] == [1, 2, 3]
-    last = train[-1]
-    assert last["searcher/environment_errors"] == 0
-    # the warm-started model calls the calculator, then answers: two replies, mostly
-    assert 1.5 < last["searcher/turns_per_conversation"] <= 3
-    evals = [r for r in records if r.get("eval/accuracy") is not None]
-    assert [r["step"] for r in evals] == [0, 3] and evals[0]["eval/turns"] > 1.5
-    rollouts = stored_rollouts(run_dir, 3)
-    two = [r for r in rollouts if r.action_mask is not None and 0 in r.action_mask]
-    assert two, "a conversation with the tool's answer between the model's replies"
-    for r in two:  # the model's call, the tool's answer, the model's answer
-        mask = list(r.action_mask)
-        first, end = mask.index(0), len(mask) - mask[::-1].index(0)
-        assert set(mask[:first]) == {1} and set(mask[first:end]) == {0} and set(mask[end:]) == {1}
-
-
 def test_an_agent_that_cannot_be_loaded_is_refused_before_the_run(tmp_path):
     cfg = load_config("configs/agent.yaml", args(tmp_path, "sync", f"--task.agent={AGENT}:nope"))
     with pytest.raises(Exception, match="task.agent .*has no attribute 'nope'"):
@@ -126,26 +101,46 @@ def logged(prompt, client, log):
 '''
 
 
-def test_what_the_trainer_trains_on_is_the_tokens_the_endpoint_answered_with(tmp_path):
-    """Every rollout in the replay buffer is, token for token, one rollout's answers: after its
-    opening, the context each answer was generated after and what it generated."""
+@pytest.mark.parametrize("runtime", ["sync", "ray"])
+def test_a_tool_calling_agent_trains_on_exactly_the_tokens_the_endpoint_answered_with(tmp_path, runtime, request):
+    """configs/agent.yaml's agent, writing down each rollout's answers: the run trains, and every
+    rollout in the replay buffer is, token for token, one rollout's answers (after its opening,
+    the context of its last answer and what that answer generated; each answer's context the
+    previous one's plus its reply as generated)."""
     import json
 
+    if runtime == "ray":
+        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
     agent, log = tmp_path / "logged.py", tmp_path / "answers.jsonl"
     agent.write_text(LOGGING_AGENT)
     cfg = load_config(
         "configs/agent.yaml",
-        args(tmp_path, "sync", f"--task.agent={agent}:logged", f"--task.agent_args={{log: {log}}}", "--eval.every=100"),
+        args(tmp_path, runtime, f"--task.agent={agent}:logged", f"--task.agent_args={{log: {log}}}"),
     )
-    run_dir, _ = run_sync(cfg)
+    run_dir, summary = (run_sync if runtime == "sync" else run_ray)(cfg)
+    assert summary["trainer_steps"] == 3
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    last = train[-1]
+    assert last["searcher/environment_errors"] == 0
+    # the warm-started model calls the calculator, then answers: two replies, mostly
+    assert 1.5 < last["searcher/turns_per_conversation"] <= 3
+    evals = [r for r in records if r.get("eval/accuracy") is not None]
+    assert [r["step"] for r in evals] == [0, 3] and evals[0]["eval/turns"] > 1.5
+
     answered = set()
     for answers in map(json.loads, log.read_text().splitlines()):
         opening = answers[0][0]
         for (before, wrote), (context, _) in zip(answers, answers[1:], strict=False):
-            # each answer's context: the last one's, its reply as generated, then the tool's message
             assert context[: len(before) + len(wrote)] == before + wrote
         context, tokens = answers[-1]
         answered.add(tuple(context[len(opening) :] + tokens))
     rollouts = stored_rollouts(run_dir, 3)
     assert rollouts and all(r.completion in answered for r in rollouts)
-    assert any(0 in r.action_mask for r in rollouts)
+    two = [r for r in rollouts if 0 in r.action_mask]
+    assert two, "a conversation with the tool's answer between the model's replies"
+    for r in two:  # the model's call, the tool's answer, the model's answer
+        mask = list(r.action_mask)
+        first, end = mask.index(0), len(mask) - mask[::-1].index(0)
+        assert set(mask[:first]) == {1} and set(mask[first:end]) == {0} and set(mask[end:]) == {1}

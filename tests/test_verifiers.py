@@ -1,6 +1,7 @@
 """verifiers environments (``task.name: verifiers``) with the real ``verifiers`` package: a
 single-turn environment and a multi-turn one with a tool, written here, trained on the tool demo's
-model through the searcher's endpoint, their rubrics' rewards in the metrics; a rubric that raises
+model through the searcher's endpoint (the ray runtime's searchers run the same rollouts:
+tests/test_agents.py trains an agent there), their rubrics' rewards in the metrics; a rubric that raises
 costs its rollout (counted), never the run; bad names are one line."""
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from tba.config import ConfigError, load_config
 from tba.demo.index import SHIPPED_DIR
 from tba.generation.base import SamplingParams
 from tba.metrics import read_metrics
-from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
@@ -114,8 +114,10 @@ def test_a_single_turn_environment_trains_with_its_rubrics_rewards_in_the_metric
     assert rollouts and all(r.reward in (0.0, 1.0) for r in rollouts)  # the rubric's weighted sum: exact's
 
 
-def test_a_multi_turn_environment_with_a_tool_trains_in_the_ray_runtime(envs, tmp_path, local_ray):
-    run_dir, summary = run_ray(load_config(None, args(envs, tmp_path, "ray", "with_calculator")))
+def test_a_multi_turn_environment_with_a_tool_trains(envs, tmp_path):
+    """(In the sync runtime: the ray runtime's searchers run the same rollouts,
+    tests/test_agents.py's ray run.)"""
+    run_dir, summary = run_sync(load_config(None, args(envs, tmp_path, "sync", "with_calculator")))
     assert summary["trainer_steps"] == 3
     train = train_records(run_dir)
     # a reply with neither text nor a call ends its rollout with verifiers' EmptyModelResponseError:
