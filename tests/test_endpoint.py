@@ -306,3 +306,24 @@ def test_a_request_whose_generation_failed_leaves_its_rollout_as_it_was_and_the_
     assert answers[0].prompt_token_ids == prompt_ids[0]
     last = answers[-1]
     assert traj.token_ids == last.prompt_token_ids[len(prompt_ids[0]) :] + last.choices[0].token_ids
+
+
+def test_a_request_sent_again_gets_the_same_answer_and_the_rollout_one_reply(engine):
+    """A client that did not get its answer (a dropped connection) sends the request again: the
+    answer it missed, not a second reply, and not a refusal."""
+    _, _, generator, _ = engine
+    answers = []
+
+    def agent(prompt, client):
+        for _ in range(2):
+            answers.append(client.chat.completions.create(model="p", messages=list(prompt.messages)))
+        return 1.0
+
+    convs = conversations(engine, agent)
+    try:
+        _, groups = convs.rollout(generator, prompts(1), SamplingParams(n=1, max_new_tokens=6))
+    finally:
+        convs.close()
+    (traj,) = groups[0]
+    assert not traj.failed and traj.turns == 1 and answers[0].id == answers[1].id
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content

@@ -85,3 +85,17 @@ def test_the_last_line_names_what_errors_log_holds(tmp_path):
     assert said_now.endswith(
         "and 1 notice(s) of the run (a searcher that died or came back, a fall below the start, a slowdown)"
     )
+    # an agent's failure (tba.endpoint.agents) and an environment's (tba.generation.turns), named as such
+    from tba.endpoint.agents import AgentConversations
+    from tba.generation.turns import Conversations
+
+    agents = AgentConversations.__new__(AgentConversations)
+    agents.name, agents.errors, agents._reported = "task.agent", [], set()
+    agents._note("RuntimeError: the agent's bug", traceback)
+    envs = Conversations.__new__(Conversations)
+    envs.errors, envs._reported = [], set()
+    envs._note(RuntimeError("the server is gone"))
+    log_errors(tmp_path, [f"searcher 0, policy version 5: {e}" for e in agents.errors + envs.errors])
+    said_now = errors_log_contents(tmp_path / "errors.log")
+    assert said_now.startswith("errors.log holds 2 reward-function traceback(s)")
+    assert "and 2 environment or agent traceback(s) (the first of each kind; those rollouts were dropped" in said_now

@@ -39,6 +39,8 @@ class Rollout:
     cut: bool = False  # a request past the rollout's budget (turns or tokens): unfinished, not failed
     serving: bool = False  # a request of it is being served
     undo: tuple | None = None  # what it was before the request being served (restored if that fails)
+    answer: dict | None = None  # the last chat answer, and how many messages its request had:
+    asked: int = 0  # a client's retry of that request (its answer lost on the way) gets it again
     versions: list[int] = field(default_factory=list)  # the weights version of each reply
 
 
@@ -49,6 +51,16 @@ def _text(content) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return str(content)
+
+
+def _same(known: list[dict], sent: list[dict]) -> bool:
+    """Whether ``sent`` repeats ``known``: the same roles, and the same text but in the model's own
+    replies (which a client sends back in its own form: tool_calls, content null)."""
+    return len(known) == len(sent) and all(
+        old["role"] == new.get("role")
+        and (old["role"] == "assistant" or _text(old.get("content")) == _text(new.get("content")))
+        for old, new in zip(known, sent, strict=True)
+    )
 
 
 class RolloutBook:
@@ -136,15 +148,27 @@ class RolloutBook:
             r.serving = True
             return r.opening + r.conv.ids, self._budget(r, max_new, 0)
 
+    def repeated(self, rid: str, messages: list[dict]) -> dict | None:
+        """The answer already given to this very request of rollout ``rid`` (a client that did not
+        get it retries), else None."""
+        with self.lock:
+            r = self.rollouts.get(rid)
+            if r is None or r.answer is None or r.serving or len(messages) != r.asked:
+                return None
+            return r.answer if _same(r.conv.messages[: r.asked], messages) else None
+
+    def remember(self, rid: str, answer: dict, asked: int) -> None:
+        with self.lock:
+            r = self.rollouts.get(rid)
+            if r is not None:
+                r.answer, r.asked = answer, asked
+
     def _new_messages(self, rid: str, r: Rollout, messages: list[dict], tools) -> list[dict]:
         if tools != r.tools:
             raise EndpointError(400, f"rollout {rid!r}: the tools changed mid-conversation; send the same tools")
         known = r.conv.messages
         for i, (old, new) in enumerate(zip(known, messages, strict=False)):
-            same = old["role"] == new.get("role") and (
-                old["role"] == "assistant" or _text(old.get("content")) == _text(new.get("content"))
-            )
-            if not same:
+            if not _same([old], [new]):
                 raise EndpointError(
                     400,
                     f"rollout {rid!r}: message {i} differs from the conversation so far; a rollout's requests repeat "

@@ -192,6 +192,8 @@ class Endpoint:
             raise EndpointError(400, "messages must be a non-empty list of {role, content} objects")
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # unset fields, as absent
         tools = _field(body, "tools", list) or None
+        if rid is not None and (again := self.book.repeated(rid, messages)) is not None:
+            return again
         params = self._sampling(body, rid)
         if rid is None:
             ids, budget = self.book.render(messages, tools), params.max_new_tokens
@@ -214,7 +216,10 @@ class Endpoint:
             if body.get("return_token_ids"):
                 choice["token_ids"] = list(out.token_ids)
             choices.append(choice)
-        return self._answer("chat.completion", body, ids, outs, choices, version)
+        answer = self._answer("chat.completion", body, ids, outs, choices, version)
+        if rid is not None:
+            self.book.remember(rid, answer, len(messages))
+        return answer
 
     async def completions(self, body: dict, rid: str | None) -> dict:
         rid = rid or _field(body, "rollout_id", str)

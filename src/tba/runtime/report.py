@@ -89,17 +89,26 @@ def say_event(run_dir: Path, log, message: str) -> None:
 
 def errors_log_contents(path: Path) -> str:
     """What ``errors.log`` holds, in words: the reward functions' first tracebacks (written by
-    :func:`log_errors`, one per failing function and searcher, their samples skipped and counted)
-    and the run's notices (:func:`say_event`: a searcher's death or return, a fall below the start,
+    :func:`log_errors`, one per failing function and searcher, their samples skipped and counted),
+    the first traceback of each kind of environment, agent or verifiers failure (their rollouts
+    dropped and counted) and the run's notices (:func:`say_event`: a searcher's death or return, a fall below the start,
     steps slowed by other processes)."""
     lines = path.read_text().splitlines()
-    tracebacks = sum(1 for line in lines if re.match(r"searcher \d+, policy version -?\d+: ", line))
+    heads = [line for line in lines if re.match(r"searcher \d+, policy version -?\d+: ", line)]
+    # an environment's, an agent's or a verifiers environment's (tba.generation.turns, tba.endpoint.agents)
+    rollouts = sum(1 for line in heads if re.search(r"environment_errors|close\(\) raised", line))
+    tracebacks = len(heads) - rollouts
     notices = sum(1 for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line))
     parts = []
     if tracebacks:
         parts.append(
             f"{tracebacks} reward-function traceback(s) (the first of each failing function; its samples "
             "were skipped and counted in searcher/reward_errors)"
+        )
+    if rollouts:
+        parts.append(
+            f"{rollouts} environment or agent traceback(s) (the first of each kind; those rollouts were "
+            "dropped and counted in searcher/environment_errors)"
         )
     if notices:
         parts.append(
