@@ -89,13 +89,16 @@ def test_the_last_line_names_what_errors_log_holds(tmp_path):
     from tba.endpoint.agents import AgentConversations
     from tba.generation.turns import Conversations
 
-    agents = AgentConversations.__new__(AgentConversations)
-    agents.name, agents.errors, agents._reported = "task.agent", [], set()
-    agents._note("RuntimeError: the agent's bug", traceback)
-    envs = Conversations.__new__(Conversations)
-    envs.errors, envs._reported = [], set()
-    envs._note(RuntimeError("the server is gone"))
-    log_errors(tmp_path, [f"searcher 0, policy version 5: {e}" for e in agents.errors + envs.errors])
+    agents = AgentConversations(None, lambda prompt, client: None, {0}, max_turns=2)
+    envs = Conversations(None, lambda: None, {0}, max_turns=2, end_text="<end>")
+    try:
+        agents._note("RuntimeError: the agent's bug", traceback)
+        envs._note(RuntimeError("the server is gone"))
+        failures = agents.take_new_errors() + envs.take_new_errors()
+    finally:
+        agents.close()
+        envs.close()
+    log_errors(tmp_path, [f"searcher 0, policy version 5: {e}" for e in failures])
     said_now = errors_log_contents(tmp_path / "errors.log")
     assert said_now.startswith("errors.log holds 2 reward-function traceback(s)")
     assert "and 2 environment or agent traceback(s) (the first of each kind; those rollouts were dropped" in said_now

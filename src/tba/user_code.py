@@ -77,6 +77,25 @@ def defined_names(module: ModuleType) -> list[str]:
     return sorted(names)
 
 
+class FirstFailures:
+    """The first failure of each kind, each handed out once (what goes to ``errors.log``: a run
+    that fails the same way ten thousand times writes it once)."""
+
+    def __init__(self) -> None:
+        self.reported: set[str] = set()
+        self.new: list[str] = []
+
+    def note(self, kind: str, text: str) -> None:
+        if kind not in self.reported:
+            self.reported.add(kind)
+            self.new.append(text)
+
+    def take(self) -> list[str]:
+        """The failures noted since the last call."""
+        out, self.new = self.new, []
+        return out
+
+
 def describe_exception(exc: BaseException) -> str:
     """``Type: message (at file:line in function)``: the exception and the last line of its traceback."""
     text = f"{type(exc).__name__}: {exc}"

@@ -29,7 +29,7 @@ from tba.endpoint.queue import GenerationQueue
 from tba.endpoint.server import Endpoint, require_extras
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.turns import COUNTS, Trajectory
-from tba.user_code import describe_exception, resolve
+from tba.user_code import FirstFailures, describe_exception, resolve
 
 
 class AgentConversations:
@@ -59,8 +59,7 @@ class AgentConversations:
         self.endpoint: Endpoint | None = None  # started by the first rollout
         self.counts = dict.fromkeys(COUNTS, 0)
         self.last_metrics: dict[str, float] = {}  # the latest batch's mean of each metric the agent reported
-        self.errors: list[str] = []
-        self._reported: set[str] = set()
+        self.failures = FirstFailures()  # for errors.log
 
     def start(self) -> Endpoint:
         if self.endpoint is None:
@@ -158,11 +157,8 @@ class AgentConversations:
 
     def _note(self, what: str, detail: str = "") -> None:
         key = what.splitlines()[0] if what else ""
-        if key not in self._reported:
-            self._reported.add(key)
-            self.errors.append(
-                f"{self.name} failed a rollout (counted in searcher/environment_errors): {what}\n{detail}"
-            )
+        said = f"{self.name} failed a rollout (counted in searcher/environment_errors): {what}\n{detail}"
+        self.failures.note(key, said)
 
     def _note_metrics(self, results: list[tuple[float | None, dict[str, float]]]) -> None:
         sums: dict[str, list[float]] = {}
@@ -185,8 +181,7 @@ class AgentConversations:
         return self.queue.take_generate_s()
 
     def take_new_errors(self) -> list[str]:
-        out, self.errors = self.errors, []
-        return out
+        return self.failures.take()
 
     def close(self) -> None:
         if self.endpoint is not None:

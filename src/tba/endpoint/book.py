@@ -12,11 +12,12 @@ trajectory is the tokens the engine saw and wrote.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tba.environments import environment_text
 from tba.generation.base import Completion
 from tba.generation.turns import Conversation, Trajectory, turn_end_text
+from tba.models.loading import chat_ids
 from tba.tools import ToolError
 
 
@@ -41,7 +42,6 @@ class Rollout:
     undo: tuple | None = None  # what it was before the request being served (restored if that fails)
     answer: dict | None = None  # the last chat answer, and how many messages its request had:
     asked: int = 0  # a client's retry of that request (its answer lost on the way) gets it again
-    versions: list[int] = field(default_factory=list)  # the weights version of each reply
 
 
 def _text(content) -> str:
@@ -121,10 +121,9 @@ class RolloutBook:
 
     def render(self, messages: list[dict], tools: list | None) -> list[int]:
         try:
-            ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+            return chat_ids(self.tokenizer, messages, tools)
         except Exception as e:  # a template that cannot render these messages: the request's problem
             raise EndpointError(400, f"the chat template cannot render these messages: {e}") from None
-        return list(ids["input_ids"] if not isinstance(ids, list) else ids)
 
     def chat_context(self, rid: str, messages: list[dict], tools: list | None, max_new: int) -> tuple[list[int], int]:
         """The token ids the reply is generated after, and its token budget (``max_new`` or less).
@@ -219,7 +218,7 @@ class RolloutBook:
             r.serving = True
             return r.opening + r.conv.ids, self._budget(r, max_new, 0)
 
-    def record(self, rid: str, out: Completion | None, version: int, reply_text: str = "") -> None:
+    def record(self, rid: str, out: Completion | None, reply_text: str = "") -> None:
         """The reply generated for the request being served (None: generation failed)."""
         with self.lock:
             r = self.rollouts.get(rid)
@@ -232,7 +231,6 @@ class RolloutBook:
                     del r.conv.ids[n:], r.conv.mask[n:], r.conv.logps[n:]
                 return
             r.conv.take_reply(out, self.tokenizer, self.eos_ids)
-            r.versions.append(version)
             if r.chat:
                 r.conv.messages.append({"role": "assistant", "content": r.conv.last_reply})
                 if not out.finished:  # no end-of-turn token: the template cannot join another turn

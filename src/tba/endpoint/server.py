@@ -202,9 +202,7 @@ class Endpoint:
         outs, version = await self._recorded(rid, ids, replace(params, max_new_tokens=budget))
         choices = []
         for i, out in enumerate(outs):
-            text = self.book.tokenizer.decode(
-                [t for t in out.token_ids if t not in self.book.eos_ids], skip_special_tokens=True
-            )
+            text = self._completion_text(out)
             message, finish = {"role": "assistant", "content": text}, "stop" if out.finished else "length"
             calls = self._tool_calls(out, tools) if tools else []
             if calls:
@@ -272,7 +270,7 @@ class Endpoint:
         finally:
             if rid is not None:
                 text = "" if chat or out is None else self._completion_text(out)
-                self.book.record(rid, out, version if out is not None else -1, text)
+                self.book.record(rid, out, text)
 
     def _answer(self, kind: str, body: dict, ids, outs, choices, version: int) -> dict:
         completion_tokens = sum(len(o.token_ids) for o in outs)
@@ -296,9 +294,10 @@ class Endpoint:
     def _logprob_list(self, out: Completion) -> list[dict]:
         tok = self.book.tokenizer
         logps = out.token_logps or [0.0] * len(out.token_ids)
+        tokens = [tok.decode([t]) for t in out.token_ids]
         return [
-            {"token": tok.decode([t]), "logprob": lp, "bytes": list(tok.decode([t]).encode()), "top_logprobs": []}
-            for t, lp in zip(out.token_ids, logps, strict=True)
+            {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
+            for token, lp in zip(tokens, logps, strict=True)
         ]
 
     def _tool_calls(self, out: Completion, tools: list) -> list[dict]:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field, replace
 
 from tba.environments import ToolEnvironment, check_step, environment_text
 from tba.generation.base import Completion, Generator, SamplingParams
+from tba.models.loading import chat_ids
 from tba.tools import ToolError
-from tba.user_code import call
+from tba.user_code import FirstFailures, call
 
 COUNTS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "environment_errors")
 
@@ -124,8 +125,7 @@ class Conversations:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tba-environment")
         self.counts = dict.fromkeys(COUNTS, 0)
         self.generate_s = 0.0  # seconds in the generator's calls (not the environment's steps)
-        self.errors: list[str] = []  # the first failure of each kind, for errors.log
-        self._reported: set[str] = set()
+        self.failures = FirstFailures()  # for errors.log
 
     def rollout(
         self, generator: Generator, prompts: list, params: SamplingParams
@@ -197,9 +197,7 @@ class Conversations:
             convs.append(Conversation(env, messages))
         if opening is None:
             return [], convs
-        ids = self.tokenizer.apply_chat_template(opening, tools=self.tools, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if not isinstance(ids, list) else ids  # transformers 5: a BatchEncoding
-        return list(ids), convs
+        return chat_ids(self.tokenizer, opening, self.tools), convs
 
     def _take(self, outs: list[Completion], convs: list[Conversation], params: SamplingParams) -> None:
         """Each conversation's new reply; then the environment's answers to the finished replies."""
@@ -257,9 +255,7 @@ class Conversations:
         what: str = "an environment step raised; its conversation is dropped (counted in searcher/environment_errors)",
     ) -> None:
         kind = f"{what}{type(e).__name__}: {e}".splitlines()[0]
-        if kind not in self._reported:
-            self._reported.add(kind)
-            self.errors.append(f"{what}: " + "".join(traceback.format_exception(e)))
+        self.failures.note(kind, f"{what}: " + "".join(traceback.format_exception(e)))
 
     def reward_means(self) -> dict[str, float]:
         """(An environment's rewards are the trajectories' own: nothing beyond them.)"""
@@ -267,8 +263,7 @@ class Conversations:
 
     def take_new_errors(self) -> list[str]:
         """The first failure of each kind of environment step since the last call (for errors.log)."""
-        out, self.errors = self.errors, []
-        return out
+        return self.failures.take()
 
     def take_counts(self) -> dict[str, int]:
         """The counts since the last call (turns, tool calls and their errors and timeouts,

@@ -223,6 +223,15 @@ def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
     return None
 
 
+def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list, tools: list | None = None) -> list[int]:
+    """The token ids of ``messages`` (and ``tools``' schemas) through the chat template, ending with
+    the generation prompt."""
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding, 4.x a list of ids
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: list, chat_template: bool | None = None
 ) -> list[list[int]]:
@@ -251,10 +260,7 @@ def encode_prompts(
         )
     out: dict[int, list[int]] = {}
     for i, messages in conversations.items():
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding, 4.x a list of ids
-            ids = ids["input_ids"]
-        out[i] = list(ids)
+        out[i] = chat_ids(tokenizer, messages)
     if plain:
         encoded = tokenizer(list(plain.values()), add_special_tokens=True)["input_ids"]
         out.update(zip(plain, (list(ids) for ids in encoded), strict=True))

@@ -108,6 +108,13 @@ def last_user_text(messages: list[dict]) -> str:
     return str(users[-1] if users else messages[-1]["content"])
 
 
+def held_out(n: int, eval_size: int, seed: int, columns: dict[str, list]):
+    """``eval_size`` of ``n`` rows held out with ``seed``: the training rows, the columns, and the
+    held-out rows (what :meth:`DataTask.load_columns` returns after the training columns)."""
+    held_idx = set(random.Random(seed).sample(range(n), eval_size))
+    return [i for i in range(n) if i not in held_idx], columns, sorted(held_idx)
+
+
 class DataTask(Task):
     """A task whose prompts are the rows of a dataset. Subclasses say how a row becomes a prompt
     (:meth:`make_prompt`) and what rewards it."""
@@ -165,8 +172,7 @@ class DataTask(Task):
                 f"task.eval_size {cfg.eval_size} holds out every row of {cfg.path} ({n} rows); "
                 "lower task.eval_size, or give task.eval_split / task.eval_path"
             )
-        held_idx = set(random.Random(cfg.seed).sample(range(n), cfg.eval_size))
-        return train, [i for i in range(n) if i not in held_idx], train, sorted(held_idx)
+        return train, *held_out(n, cfg.eval_size, cfg.seed, train)
 
     def check_columns(self, columns: dict[str, list], where: str) -> None:
         """Raise :class:`DatasetLoadError` if a column the task needs is missing."""

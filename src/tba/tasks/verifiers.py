@@ -27,7 +27,7 @@ from typing import Any
 
 from tba.config import ConfigError
 from tba.tasks.base import Prompt
-from tba.tasks.data import DatasetLoadError, DataTask, prompt_hash
+from tba.tasks.data import DatasetLoadError, DataTask, held_out, prompt_hash
 from tba.user_code import describe_exception, load_object
 
 INSTALL = "pip install 'tba[verifiers]'"
@@ -147,8 +147,6 @@ class VerifiersTask(DataTask):
         return f"verifiers environment {self.cfg.env}"
 
     def load_columns(self) -> tuple[dict[str, list], list[int], dict[str, list], list[int]]:
-        import random
-
         train = self.env.get_dataset().to_dict()
         if self.cfg.max_rows is not None:
             train = {k: v[: self.cfg.max_rows] for k, v in train.items()}
@@ -161,8 +159,7 @@ class VerifiersTask(DataTask):
                 f"task.eval_size {self.cfg.eval_size} holds out every row of {self.source} ({n} rows) and it has no "
                 "evaluation dataset of its own; lower task.eval_size"
             )
-        held_idx = set(random.Random(self.cfg.seed).sample(range(n), self.cfg.eval_size))
-        return train, [i for i in range(n) if i not in held_idx], train, sorted(held_idx)
+        return train, *held_out(n, self.cfg.eval_size, self.cfg.seed, train)
 
     def prompt_value(self, columns: dict[str, list], i: int) -> Any:
         value = columns["prompt"][i]
