@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import components, stored_rollouts
 from tests.helpers.faults import frozen_after_new_groups, steps_done
-from tests.helpers.processes import session_processes
+from tests.helpers.processes import session_processes, wait_until
 from tests.helpers.tiny_bpe import build_bpe_chat_model
 
 from tba.checkpoint import latest_checkpoint
@@ -139,15 +139,6 @@ def start(tmp_path: Path, args: list[str], *extra: str) -> subprocess.Popen:
         env={**os.environ, "TERM": "dumb"},
         start_new_session=True,  # its own session: its processes are findable, and killed together
     )
-
-
-def wait_until(proc: subprocess.Popen, done, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if done():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the run did not get there; stderr:\n{proc.communicate()[1][-3000:]}")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 from tests.conftest import SMALL_DEMO_ARGS, stored_rollouts
-from tests.helpers.processes import session_processes
+from tests.helpers.processes import session_processes, wait_until
 
 from tba.checkpoint import latest_checkpoint
 from tba.config import load_config
@@ -249,12 +249,12 @@ def test_a_killed_searcher_comes_back_and_sigterm_then_stops_the_run_keeping_its
     steps = lambda: sum(1 for r in read_metrics(metrics) if "train/loss" in r) if metrics.is_file() else 0  # noqa: E731
     searchers = lambda: {p for p, cmd in session_processes(proc.pid).items() if cmd.startswith("ray::SearcherWorker")}  # noqa: E731
     try:
-        wait_for(proc, lambda: steps() >= 2)
+        wait_until(proc, lambda: steps() >= 2, timeout=150, poll=0.2)
         (victim,) = searchers()
         os.kill(victim, signal.SIGKILL)
-        wait_for(proc, lambda: errors.is_file() and "is back after" in errors.read_text())
+        wait_until(proc, lambda: errors.is_file() and "is back after" in errors.read_text(), timeout=150, poll=0.2)
         back = steps()
-        wait_for(proc, lambda: steps() >= back + 3)  # trained on the new process's batches
+        wait_until(proc, lambda: steps() >= back + 3, timeout=150, poll=0.2)  # trained on the new process's batches
         successors = searchers() - {victim}
         running = ray_processes(mark, wait_s=0)  # what must be gone once it stops
         assert any("raylet" in p for p in running) and any("ray::SearcherWorker" in p for p in running), running
@@ -297,15 +297,6 @@ def test_a_killed_searcher_comes_back_and_sigterm_then_stops_the_run_keeping_its
     # the trainer waited for data while its only searcher restarted: counted as waiting, not as a pause
     assert longest < 5.0, "a pause of the trainer beyond its wait for data"
     assert last["trainer/wait_total_s"] > 0
-
-
-def wait_for(proc: subprocess.Popen, done, timeout: float = 150) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if done():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the run did not get there; stderr:\n{proc.communicate()[1][-3000:]}")
 
 
 def test_a_local_ray_instance_gets_every_gpu_but_the_trainers():
