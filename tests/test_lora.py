@@ -13,6 +13,7 @@ from tests.helpers.numerics import assert_reordered_close, model_terms, padded_p
 
 from tba.checkpoint import latest_checkpoint, save_checkpoint
 from tba.config import ConfigError, load_config
+from tba.metrics import read_metrics
 from tba.models.loading import encode_prompts, load_causal_lm, load_tokenizer
 from tba.models.lora import add_adapter, check_lora_config, is_lora
 from tba.models.packing import Passes
@@ -131,14 +132,17 @@ def test_ray_runtime_trains_an_adapter_with_base_model_reference(tmp_path, demo_
         "--eval.every=16",
         "--trainer.sync_interval=2",
         "--runtime.max_lag=2",  # the trainer cannot finish unless searchers load its adapters
+        "--runtime.weight_transport=ipc",  # the adapter alone, through shared slots in host memory
     )
     run_dir, summary = run_ray(cfg)
     assert summary["trainer_steps"] == 16
+    last = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r][-1]
+    assert last["weights/shared_publications"] > 0 and last["weights/fallbacks"] == 0
     ckpt = latest_checkpoint(run_dir)
     assert (ckpt / "adapter_config.json").is_file()
 
     rollouts = [r for r in stored_rollouts(run_dir, 16) if r.policy_version > 0]
-    assert rollouts, "searchers loaded a trained adapter through the Ray weight store"
+    assert rollouts, "searchers loaded a trained adapter through the shared slots"
     tokenizer = load_tokenizer(str(ckpt))
     base = load_causal_lm(str(summary["policy"]), torch.device("cpu"), trainable=False)
     eos = {tokenizer.eos_token_id}

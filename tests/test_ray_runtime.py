@@ -79,6 +79,8 @@ def test_async_run_tags_versions_and_bounds_lag(tmp_path, demo_cache, local_ray)
         assert version % k == 0, "searchers only ever hold published versions"
         assert version <= arrival <= steps
         assert arrival - version <= k, (arrival, version)  # runtime.max_lag, whatever the machine's load
+        # TB with the sequence band needs the sampler's per-token log-probs: the searcher sent them
+        assert r.sampler_token_logps is not None and len(r.sampler_token_logps) == len(r.completion)
     assert max(r.policy_version for r in rollouts) > 0  # searchers did pick up new weights
 
     records = read_metrics(run_dir / "metrics.jsonl")
