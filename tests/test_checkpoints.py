@@ -1,5 +1,6 @@
 """Checkpoints as data (no pickle), bounded in number, safe against a crash mid-write, and exact
-resumes: the sync runtime continues bit for bit; the ray runtime keeps every group it had."""
+resumes: the sync runtime continues bit for bit; the ray runtime keeps every group it had
+(tests/test_prompt_accounting.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.conftest import SMALL, SMALL_DEMO_ARGS, stored_rollouts
+from tests.conftest import SMALL, SMALL_DEMO_ARGS
 from transformers import AutoModelForCausalLM
 
 from tba.buffer import ReplayBuffer
@@ -294,44 +295,5 @@ def test_sync_streaming_generation_resumes_bit_exact_and_counts_every_prompt(tmp
     assert [[r[k] for k in keys] for r in runs[1]] == [[r[k] for k in keys] for r in runs[0]]  # counters go on
 
 
-# ------------------------------------------------------------------ resume, ray runtime
-
-
-def test_ray_resume_keeps_every_group_and_continues_the_metrics(tmp_path, demo_cache, local_ray):
-    from tba.runtime.async_loop import run_ray
-
-    def cfg(steps, *extra):
-        return load_config(
-            None,
-            [
-                "--runtime.type=ray",
-                *SMALL_DEMO_ARGS,
-                "--logging.progress=false",
-                f"--model.cache_dir={demo_cache}",
-                f"--run.output_dir={tmp_path}",
-                "--run.name=r",
-                f"--trainer.steps={steps}",
-                "--trainer.checkpoint_every=3",
-                "--eval.every=6",
-                "--eval.limit=4",
-                *extra,
-            ],
-        )
-
-    run_dir, _ = run_ray(cfg(3))
-    before = stored_rollouts(run_dir, 3)
-    # the trainer never waits for searchers once its buffer can fill a batch; here it waits for one
-    # new prompt, so that the resumed searchers' data is seen
-    wait = f"--buffer.min_groups={len({r.prompt_id for r in before}) + 1}"
-    run_dir, summary = run_ray(cfg(6, "--run.resume=true", wait))
-    assert summary["trainer_steps"] == 6
-    after = {(r.prompt_id, r.completion): r for r in stored_rollouts(run_dir, 6)}
-    records = read_metrics(run_dir / "metrics.jsonl")
-    assert all(r["buffer/evicted"] == 0 for r in records if "buffer/evicted" in r)
-    for r in before:  # still there: as it was, or replaced by a newer copy of the same completion
-        kept = after[(r.prompt_id, r.completion)]
-        assert kept == r or kept.arrival_step >= 3
-    assert all(r.arrival_step <= 2 for r in before)
-    new = [r for r in after.values() if r.arrival_step >= 3]
-    assert new and all(r.policy_version >= 3 for r in new), "new searchers start from the checkpoint's weights"
-    assert [r["step"] for r in records if r.get("train/loss") is not None] == list(range(1, 7))
+# A ray run's resume (its buffer kept whole, new searchers on the checkpoint's weights, the metrics
+# as one run): tests/test_prompt_accounting.py, after a SIGKILL of tba train.

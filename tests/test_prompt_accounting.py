@@ -149,7 +149,7 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
     checkpoints. Each searcher's draws in the resumed run are exactly 0, 1, ... up to its latest:
     delivered (and trained, or in the buffer) or dropped, none twice, none skipped; their prompts
     are the searcher's epochs replayed from its seed; what the killed trainer had received after
-    its checkpoint was drawn again."""
+    its checkpoint was drawn again; the replay buffer and the metrics go on from the checkpoint."""
     run_dir, dataset = tmp_path / "r", write_dataset(tmp_path, PACE)
     args = [
         *task_args(chat_model, dataset),
@@ -217,8 +217,25 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
     expected = {s: replayed_ids(cfg, int(s), a["drawn"]) for s, a in summary["prompts"].items()}
     for r in stored_rollouts(run_dir, final):
         assert r.prompt_id in expected[str(r.searcher_id)]
+    # the replay buffer came back whole: each rollout of the checkpoint is still there, as it was
+    # or replaced by a newer copy of the same completion; the new searchers sampled from the
+    # checkpoint's weights on, and the metrics read as one run
+    kept = stored_rollouts(run_dir, resumed_from)
+    after = {(r.prompt_id, r.completion): r for r in stored_rollouts(run_dir, final)}
+    assert kept and all(r.arrival_step < resumed_from for r in kept)
+    for r in kept:
+        assert (
+            after[(r.prompt_id, r.completion)] == r or after[(r.prompt_id, r.completion)].arrival_step >= resumed_from
+        )
+    new = [r for r in after.values() if r.arrival_step >= resumed_from]
+    assert new and all(r.policy_version >= resumed_from for r in new), (
+        "new searchers start from the checkpoint's weights"
+    )
+    records = read_metrics(metrics)
+    assert all(r["buffer/evicted"] == 0 for r in records if "buffer/evicted" in r)
+    assert [r["step"] for r in records if "train/loss" in r] == list(range(1, final + 1))
     # the resumed run drew again what the killed one had drawn after its last checkpoint
-    at_checkpoint = [r for r in read_metrics(metrics) if r["step"] == resumed_from and "prompts/drawn" in r]
+    at_checkpoint = [r for r in records if r["step"] == resumed_from and "prompts/drawn" in r]
     reissued = killed_at - at_checkpoint[0]["prompts/drawn"]
     accounts = summary["prompts"]
     print(
