@@ -25,7 +25,6 @@ from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.metrics import read_metrics
 from tba.rewards import RewardStats
-from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.tasks.redteam import ALPACA_TEMPLATE, LOG_FLOOR, aggregate, resolve_toxic_label
@@ -265,15 +264,16 @@ def test_min_attack_length_holds_in_training_and_evaluation(models, tmp_path):
     assert result.metrics["eval/attacks"] == 6 and result.metrics["eval/attack_len"] == pytest.approx(5.0)
 
 
-# --- training, both runtimes ----------------------------------------------------------------------
+# --- training ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_redteam_trains_and_evaluates(models, tmp_path, runtime, request):
+# In the sync runtime: a task's models load in the ray runtime's searchers as they do here, and
+# the ray runtime trains a task of the user's in tests/test_task_training.py.
+def test_redteam_trains_and_evaluates(models, tmp_path):
     args = task_args(models, "--task.victim_samples=2", "--task.eval_top=3", "--task.eval_min_new_tokens=3")
     args += [
         f"--model.policy={models['attacker']}",
-        f"--runtime.type={runtime}",
+        "--runtime.type=sync",
         "--generation.group_size=8",
         "--generation.prompts_per_batch=1",
         "--generation.min_new_tokens=3",
@@ -289,10 +289,7 @@ def test_redteam_trains_and_evaluates(models, tmp_path, runtime, request):
         f"--run.output_dir={tmp_path}",
         "--run.name=rt",
     ]
-    run = run_sync if runtime == "sync" else run_ray
-    if runtime == "ray":
-        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
-    run_dir, summary = run(load_config(None, args))
+    run_dir, summary = run_sync(load_config(None, args))
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records if r.get("train/loss") is not None] == [1, 2, 3, 4]
     evals = [r for r in records if r.get("eval/attack_success_rate") is not None]

@@ -17,7 +17,6 @@ from tba.eval_metrics import win_rate
 from tba.metrics import read_metrics
 from tba.models.divergence import kl_and_ref_nll
 from tba.rewards import RewardStats
-from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync
 from tba.tasks import build_task
 from tba.tasks.reward_model import SequenceScorer
@@ -131,11 +130,12 @@ def test_dataset_task_with_a_reward_model(tmp_path, reward_model, tldr_data):
     assert_reordered_close(got, [2.0 * d for d in direct], terms=terms)
 
 
-@pytest.mark.parametrize("runtime", ["sync", "ray"])
-def test_tldr_trains_and_evaluates_win_rate_and_kl(tmp_path, reward_model, tldr_data, runtime, request):
+# In the sync runtime: a task's models load in the ray runtime's searchers as they do here, and
+# the ray runtime trains a task of the user's in tests/test_task_training.py.
+def test_tldr_trains_and_evaluates_win_rate_and_kl(tmp_path, reward_model, tldr_data):
     policy = build_bpe_chat_model(tmp_path / "policy")
     args = [
-        f"--runtime.type={runtime}",
+        "--runtime.type=sync",
         f"--model.policy={policy}",
         "--model.chat_template=false",
         "--task.name=tldr",
@@ -154,10 +154,7 @@ def test_tldr_trains_and_evaluates_win_rate_and_kl(tmp_path, reward_model, tldr_
         f"--run.output_dir={tmp_path}",
         "--run.name=t",
     ]
-    run = run_sync if runtime == "sync" else run_ray
-    if runtime == "ray":
-        request.getfixturevalue("local_ray")  # joined by the run (tests/conftest.py)
-    run_dir, summary = run(load_config(None, args))
+    run_dir, summary = run_sync(load_config(None, args))
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("eval/win_rate") is not None]
     assert [r["step"] for r in evals] == [0, 2, 4]
     for r in evals:
