@@ -8,7 +8,6 @@ import copy
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,16 +16,16 @@ import time
 import pytest
 import ray
 import torch
-from safetensors.torch import load_file
 from tests.conftest import SMALL_DEMO_ARGS, start_local_ray
 from tests.helpers.numerics import adam_first_step_tolerance, assert_reordered_close, batch_tokens
 from tests.helpers.processes import session_processes
 from tests.helpers.ranks import train_on_ranks
 from tests.helpers.trainers import synthetic_groups
+from transformers import AutoModelForCausalLM
 
 from tba.buffer import ReplayBuffer
-from tba.checkpoint import CheckpointError, latest_checkpoint, read_trainer_state
-from tba.config import TrainerConfig, load_config
+from tba.checkpoint import CheckpointError, latest_checkpoint, load_policy_weights, read_trainer_state, save_checkpoint
+from tba.config import TrainerConfig
 from tba.metrics import read_metrics
 from tba.models.packing import Passes
 from tba.runtime.ranks import combine_metrics, split_groups, sub_batch
@@ -149,11 +148,11 @@ def ray_cpus(_ray_for_the_session, demo_cache):
     ],
     ids=["full", "lora-ckpt-micro-dpo"],
 )
-def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
+def test_two_ranks_take_the_one_rank_step(ray_cpus, extra, tmp_path):
     """One step from the same weights: the ranks add the groups' gradients in another order, so
     every number is the 1-rank trainer's up to reordering the batch's token sums (``tokens``). On
-    the same rank group: the state before any step, and for the full model a resume from step 1
-    after step 2 (bit-exact) and a skipped step."""
+    the same rank group: the state before any step, and for the full model a resume from a
+    checkpoint of step 1 after step 2 (bit-exact) and a skipped step."""
     one, m1 = train_on_ranks(ray_cpus, 1, extra, steps=1)
     two, _ = train_on_ranks(ray_cpus, 2, extra, steps=0)
     try:
@@ -204,16 +203,22 @@ def test_two_ranks_take_the_one_rank_step(ray_cpus, extra):
                 moved_apart = (p.detach().double() - ones[name].detach().double()).abs()
                 assert (moved_apart <= adam_first_step_tolerance(grads[name], ones[name], lr, tokens)).all(), name
         if not extra:  # (a resume on the full model; the other settings change the step, checked above)
-            state = copy.deepcopy(two.trainer.state_dict())  # a checkpoint after step 1
-            weights = {k: v.clone() for k, v in two.policy.state_dict().items()}
+            # a checkpoint after step 1, written as a run writes it: the driver's synced copy of the
+            # weights (a Hugging Face model) and the ranks' state gathered by parameter name
+            state = copy.deepcopy(two.trainer.state_dict())
+            ckpt = save_checkpoint(tmp_path, two.policy, two.tokenizer, state, two.buffer.state_dict())
+            assert AutoModelForCausalLM.from_pretrained(ckpt).num_parameters() > 0
             # a second step runs on the ranks' updated weights
             ma = two.trainer.step(batch)
             assert all(math.isfinite(v) for v in ma.values())
             pa = {k: v.clone() for k, v in two.trainer.published_state().items()}
-            # a resume: back to step 1 on ranks whose weights and moments have moved on (the checkpoint's
-            # weights first, as resume() loads them), and the second step again, bit for bit
-            two.policy.load_state_dict(weights)
-            two.trainer.load_state_dict(state)
+            # a resume from the files: back to step 1 on ranks whose weights and moments have moved on
+            # (the checkpoint's weights first, as resume() loads them), and the second step again, bit
+            # for bit
+            saved = read_trainer_state(ckpt)["trainer"]
+            assert saved["num_ranks"] == 2
+            load_policy_weights(two.policy, ckpt)
+            two.trainer.load_state_dict(saved)
             two.trainer.weights = LocalWeightStore()  # a resumed run's: nothing published yet
             assert two.trainer.version == 1
             after = two.trainer.state_dict()
@@ -256,33 +261,6 @@ def _cli(tmp_path, cache, name, *args) -> list[str]:
         f"--run.name={name}",
         *args,
     ]
-
-
-def test_sync_runtime_on_two_ranks_resumes_exactly(tmp_path, ray_cpus):
-    from tba.runtime.sync_loop import run_sync
-
-    def run(name, steps, *extra):  # in this process, on the module's Ray instance
-        args = _cli(tmp_path, ray_cpus, name, "--runtime.type=sync", f"--trainer.steps={steps}", "--eval.every=4")
-        run_sync(load_config(None, [*args[4:], "--eval.limit=4", "--trainer.checkpoint_every=2", *extra]))
-
-    run("straight", 4)
-    # the straight run as it stood after step 2 (its checkpoint of step 4 not written yet), resumed
-    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
-    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_4")
-    run("resumed", 4, "--run.resume=true")
-    a, b = tmp_path / "straight" / "checkpoints" / "step_4", tmp_path / "resumed" / "checkpoints" / "step_4"
-    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "the resumed run's weights differ"
-    sa, sb = read_trainer_state(a)["trainer"], read_trainer_state(b)["trainer"]
-    assert sa["num_ranks"] == 2 and sa["scheduler"] == sb["scheduler"]
-    for name, moments in sa["optimizer"]["state"].items():
-        assert all(torch.equal(v, sb["optimizer"]["state"][name][k]) for k, v in moments.items())
-    # the checkpoint's weights are a Hugging Face model
-    from transformers import AutoModelForCausalLM
-
-    assert AutoModelForCausalLM.from_pretrained(b).num_parameters() > 0
-    train = [r for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl") if "train/loss" in r]
-    assert [r["step"] for r in train] == [1, 2, 3, 4]
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
