@@ -21,7 +21,7 @@ from tests.helpers.faults import frozen_after_new_groups, steps_done
 from tests.helpers.processes import session_processes, wait_until
 from tests.helpers.tiny_bpe import build_bpe_chat_model
 
-from tba.checkpoint import latest_checkpoint
+from tba.checkpoint import CheckpointError, latest_checkpoint
 from tba.config import load_config
 from tba.metrics import read_metrics
 from tba.runtime.ledger import PromptLedger
@@ -130,6 +130,16 @@ def replayed_ids(cfg, searcher: int, n: int) -> list[str]:
 SEARCHERS, EVERY, PACE = 2, 2, 0.2
 
 
+def delivered_by(run_dir: Path) -> set[int]:
+    """The searchers whose groups the replay buffer of the run's latest checkpoint holds (none
+    while there is no checkpoint, or while the one found is pruned as it is read)."""
+    latest = latest_checkpoint(run_dir)
+    try:
+        return {r.searcher_id for r in stored_rollouts(run_dir, int(latest.name.split("_")[1]))} if latest else set()
+    except (OSError, CheckpointError):
+        return set()
+
+
 def start(tmp_path: Path, args: list[str], *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tba", "train", *args, *extra],
@@ -158,6 +168,7 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
         "--runtime.searcher_cpus=0.25",
         "--runtime.trainer_cpus=1",
         "--run.threads=1",
+        "--buffer.per_prompt_capacity=null",  # nothing evicted: what the checkpoint held is all still there
         "--trainer.steps=100000",  # until it is killed
         f"--trainer.checkpoint_every={EVERY}",
         "--eval.every=100000",
@@ -170,7 +181,9 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
     proc = start(tmp_path, args)
     try:
         searchers = lambda: sorted(p for p, cmd in session_processes(proc.pid).items() if "SearcherWorker" in cmd)  # noqa: E731
-        wait_until(proc, lambda: steps_done(run_dir) >= 2 and len(searchers()) == SEARCHERS)
+        # every searcher has sent a batch: one killed while it still starts would be restarted by Ray
+        # before its first call, unseen by the run
+        wait_until(proc, lambda: delivered_by(run_dir) == set(range(SEARCHERS)) and len(searchers()) == SEARCHERS)
         time.sleep(chance.uniform(0, 1))
         os.kill(chance.choice(searchers()), signal.SIGKILL)
         wait_until(proc, lambda: errors.is_file() and "is back after" in errors.read_text())

@@ -33,4 +33,12 @@ def wait_until(proc: subprocess.Popen, done, timeout: float = 180, poll: float =
         if done():
             return
         time.sleep(poll)
-    raise AssertionError(f"the run did not get there; stderr:\n{proc.communicate()[1][-3000:]}")
+    timed_out = proc.poll() is None
+    if timed_out:  # stopped first: its stderr ends only with it (a run with no step limit never would)
+        proc.kill()
+    try:
+        stderr = proc.communicate(timeout=60)[1][-3000:]
+    except subprocess.TimeoutExpired:  # a child that inherited the pipe still holds it
+        stderr = "(still held open by a child process a minute after the run was killed)"
+    where = f"in {timeout:g} s (killed)" if timed_out else f"before it ended (exit {proc.returncode})"
+    raise AssertionError(f"the run did not get there {where}; stderr:\n{stderr}")
