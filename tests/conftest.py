@@ -59,8 +59,12 @@ HEAVY_FIRST = [
 
 
 def pytest_collection_modifyitems(config, items):
+    """The heavy files first; in each file, the tests on the shared local Ray instance before the
+    others (:func:`_ray_only_where_asked` stops it for a test that does not ask for it, and each
+    start costs seconds), each group in the file's order."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+    joins_ray = lambda item: "_ray_for_the_session" in getattr(item, "fixturenames", ())  # noqa: E731
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path.name, not joins_ray(item)))
 
 
 # A small demo setting for end-to-end runs of the CLI: one-digit sums, 8 prompts a step. One thread:
