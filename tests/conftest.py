@@ -27,34 +27,32 @@ def pytest_configure(config):
 
 
 # Files whose tests start processes (CLI runs, Ray instances, vLLM engines), by the seconds they
-# took in `make test` on 2 cores (160 for test_vllm down to 10 for test_docs; the other files
-# together 30). They run first (`make test` hands files out in this order: --no-loadscope-reorder),
+# took in `make test` on 2 cores (about 100 for test_vllm down to 7 for test_turns; the other files
+# together 40). They run first (`make test` hands files out in this order: --no-loadscope-reorder),
 # so that pytest-xdist's workers, a file at a time, do not end the suite on one of them alone while
 # the other worker is done.
 HEAVY_FIRST = [
     "test_vllm.py",
     "test_ranks.py",
-    "test_prompt_accounting.py",
     "test_ray_runtime.py",
-    "test_ray_objectives.py",
+    "test_prompt_accounting.py",
     "test_cli_integration.py",
-    "test_reasoning_gym.py",
-    "test_agents.py",
-    "test_verifiers.py",
-    "test_openenv.py",
-    "test_checkpoints.py",
+    "test_ray_objectives.py",
     "test_ray_actors.py",
-    "test_bounds.py",
-    "test_lora.py",
     "test_eval_command.py",
+    "test_agents.py",
+    "test_openenv.py",
+    "test_lora.py",
     "test_task_training.py",
-    "test_turns.py",
-    "test_redteam.py",
-    "test_tldr.py",
+    "test_checkpoints.py",
+    "test_bounds.py",
+    "test_verifiers.py",
     "test_staleness.py",
     "test_bad_input.py",
-    "test_plots.py",
     "test_docs.py",
+    "test_logging_backends.py",
+    "test_plots.py",
+    "test_turns.py",
 ]
 
 
