@@ -131,6 +131,13 @@ def test_the_gpu_parts_reproduce_the_points_they_were_measured_at():
     assert gpu_parts("a100", w, "ipc").train_s == pytest.approx(gpu_parts("h100", w, "ipc").train_s * 989 / 312)
 
 
+def test_a_publication_costs_the_trainers_step_only_where_it_goes_to_searcher_processes():
+    w = Workload(494_032_768, 24, 10, 128, 64, 64, "vllm")
+    on_path = parts()["weights"]["on_trainer_path_s"]["value"]
+    assert on_path > 0 and gpu_parts("h100", w, "in_process").publish_s == 0.0  # the sync runtime's copy
+    assert all(gpu_parts("h100", w, t).publish_s == on_path for t in ("object_store", "ipc"))  # (those measured)
+
+
 def test_every_part_says_where_it_comes_from():
     def entries(node):
         if isinstance(node, dict):

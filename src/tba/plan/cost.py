@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from tba.weights.transports import transport as transport_named
+
 PARTS_FILE = Path(__file__).with_name("parts.json")
 
 
@@ -230,7 +232,8 @@ def gpu_parts(
     load = t.get("fixed_s", 0.0) + w.weight_gb * t["load_s_per_gb"]
     load += remote * w.weight_gb / p["weights"]["network_gb_s"]["value"]
     overhead = w.completions_per_step * p["runtime"]["trainer_s_per_completion"]
-    on_path = 0.0 if transport == "in_process" else p["weights"]["on_trainer_path_s"]["value"]
+    # what a publication costs the trainer's own step: nothing where the searcher reads its copy in place
+    on_path = p["weights"]["on_trainer_path_s"]["value"] if transport_named(transport).to_processes else 0.0
     return StepParts(generate, train, load, publish_s=on_path, overhead_s=overhead)
 
 
