@@ -176,6 +176,10 @@ def test_greedy_answers_are_the_generators_own_and_say_their_weights_version(eng
             len(choice.logprobs.token_logprobs) == len(choice.token_ids)
             and text.model_dump()["weights_version"] == VERSION
         )
+        # each token's text, and where it starts in the concatenation of those texts
+        pieces = [tok.decode([t]) for t in choice.token_ids]
+        assert choice.logprobs.tokens == pieces
+        assert choice.logprobs.text_offset == [len("".join(pieces[:k])) for k in range(len(pieces))]
     finally:
         convs.close()
 

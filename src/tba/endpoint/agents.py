@@ -116,27 +116,23 @@ class AgentConversations:
         import httpx
         import openai
 
-        if self.is_async:
-            async with httpx.AsyncClient(timeout=None) as http:
-                outs = await asyncio.gather(
-                    *(
-                        self._one(
-                            prompt,
-                            openai.AsyncOpenAI(base_url=endpoint.rollout_url(rid), api_key="tba", http_client=http),
-                        )
-                        for prompt, rid in calls
-                    )
+        # one HTTP connection pool for all of the batch's clients: an async agent's, or a plain one's
+        http_cls, client_cls = (
+            (httpx.AsyncClient, openai.AsyncOpenAI) if self.is_async else (httpx.Client, openai.OpenAI)
+        )
+        http = http_cls(timeout=None)
+        try:
+            outs = await asyncio.gather(
+                *(
+                    self._one(prompt, client_cls(base_url=endpoint.rollout_url(rid), api_key="tba", http_client=http))
+                    for prompt, rid in calls
                 )
-        else:
-            with httpx.Client(timeout=None) as http:
-                outs = await asyncio.gather(
-                    *(
-                        self._one(
-                            prompt, openai.OpenAI(base_url=endpoint.rollout_url(rid), api_key="tba", http_client=http)
-                        )
-                        for prompt, rid in calls
-                    )
-                )
+            )
+        finally:
+            if self.is_async:
+                await http.aclose()
+            else:
+                http.close()
         return {rid: out for (_, rid), out in zip(calls, outs, strict=True)}
 
     async def _one(self, prompt, client):

@@ -9,6 +9,7 @@ batches shared by every request that waits together."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import socket
@@ -22,7 +23,7 @@ from tba.endpoint.book import EndpointError, RolloutBook
 from tba.endpoint.queue import GenerationQueue
 from tba.errors import MissingDependency
 from tba.generation.base import Completion, SamplingParams
-from tba.tools import FORMATS, parse_tool_calls, tool_call_format
+from tba.tools import FORMATS, ToolError, parse_tool_calls, tool_call_format
 
 try:  # at module level: the handlers' annotations are resolved in this module's globals
     from fastapi import FastAPI, Request
@@ -242,13 +243,12 @@ class Endpoint:
                 "finish_reason": "stop" if out.finished else "length",
             }
             if body.get("logprobs") is not None and body.get("logprobs") is not False:
-                tokens = [self.book.tokenizer.decode([t]) for t in out.token_ids]
-                offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+                tokens = self._token_texts(out)
                 choice["logprobs"] = {
                     "tokens": tokens,
                     "token_logprobs": list(out.token_logps or []),
                     "top_logprobs": [None] * len(tokens),
-                    "text_offset": offsets,
+                    "text_offset": [0, *itertools.accumulate(len(t) for t in tokens[:-1])] if tokens else [],
                 }
             if body.get("return_token_ids"):
                 choice["prompt_token_ids"], choice["token_ids"] = list(ids), list(out.token_ids)
@@ -291,10 +291,13 @@ class Endpoint:
             answer["prompt_token_ids"] = list(ids)
         return answer
 
+    def _token_texts(self, out: Completion) -> list[str]:
+        """Each generated token's own text."""
+        return [self.book.tokenizer.decode([t]) for t in out.token_ids]
+
     def _logprob_list(self, out: Completion) -> list[dict]:
-        tok = self.book.tokenizer
         logps = out.token_logps or [0.0] * len(out.token_ids)
-        tokens = [tok.decode([t]) for t in out.token_ids]
+        tokens = self._token_texts(out)
         return [
             {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
             for token, lp in zip(tokens, logps, strict=True)
@@ -306,7 +309,7 @@ class Endpoint:
         if self.tool_format is None:
             try:
                 self.tool_format = tool_call_format(self.book.tokenizer)
-            except Exception:
+            except ToolError:  # a template without a tool-call format tba reads: the calls stay text
                 self.tool_format = ""
         if self.tool_format not in FORMATS:
             return []
