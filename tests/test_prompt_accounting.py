@@ -237,9 +237,8 @@ def test_a_run_that_loses_a_searcher_and_its_trainer_accounts_for_every_prompt(c
     after = {(r.prompt_id, r.completion): r for r in stored_rollouts(run_dir, final)}
     assert kept and all(r.arrival_step < resumed_from for r in kept)
     for r in kept:
-        assert (
-            after[(r.prompt_id, r.completion)] == r or after[(r.prompt_id, r.completion)].arrival_step >= resumed_from
-        )
+        now = after[(r.prompt_id, r.completion)]
+        assert now == r or now.arrival_step >= resumed_from
     new = [r for r in after.values() if r.arrival_step >= resumed_from]
     assert new and all(r.policy_version >= resumed_from for r in new), (
         "new searchers start from the checkpoint's weights"
