@@ -230,4 +230,5 @@ def components(cfg, log=lambda _: None, **kwargs):
 
     prepared = prepare_task(cfg, log)
     cfg, plan = plan_run(cfg)  # every auto decided, as tba train does
-    return build_components(cfg, ready_plan(cfg, plan, prepared[1], log), log, prepared=prepared, **kwargs)
+    plan = ready_plan(cfg, plan, prepared[1], log, task=prepared[0])
+    return build_components(cfg, plan, log, prepared=prepared, **kwargs)

@@ -350,7 +350,7 @@ def test_one_flat_group_definition_for_the_buffer_the_metrics_online_dpo_and_the
     assert batch.stats["buffer/recent_flat"] == 0.5
     assert [batch.flat(0), batch.flat(1)] == [False, True]
     assert group_metrics(batch)["train/flat_groups"] == 0.5
-    assert loss_shares(batch, [[0], [1]], "online_dpo") == [1.0, 0.0]  # only the group with a pair weighs
+    assert loss_shares(batch, [[0], [1]], pairs_only=True) == [1.0, 0.0]  # only the group with a pair weighs
     reward = torch.tensor([r.reward for r in batch.rollouts], dtype=torch.float64)
     logp = torch.zeros(8, dtype=torch.float64)
     _, m = online_dpo_loss(logp, logp, reward, 0.1, 4)

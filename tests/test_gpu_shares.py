@@ -18,7 +18,7 @@ CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 def load_config(path, overrides: list[str]):
     """The config as the plan hands it to these functions: ``runtime.num_searchers`` and
     ``trainer.num_ranks`` decided (``auto``: one each where nothing is split)."""
-    return resolve(load(path, overrides), Hardware(cpus=16), lambda: "")
+    return resolve(load(path, overrides), Hardware(cpus=16), lambda: "")[0]
 
 
 ONE_GPU = Hardware(cpus=16, gpus=1, bf16=True)

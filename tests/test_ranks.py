@@ -28,6 +28,7 @@ from tba.checkpoint import CheckpointError, latest_checkpoint, load_policy_weigh
 from tba.config import TrainerConfig
 from tba.metrics import read_metrics
 from tba.models.packing import Passes
+from tba.objectives import needs
 from tba.runtime.ranks import combine_metrics, split_groups, sub_batch
 from tba.trainer import loss_shares, rank_passes
 from tba.types import Batch, Rollout
@@ -56,9 +57,10 @@ def _batch(rewards: list[list[float]]) -> Batch:
 def test_rank_shares_of_the_loss():
     batch = _batch([[0, 1], [1, 1], [0, 0], [1, 0]])
     parts = [[0, 1, 2], [3]]
-    assert loss_shares(batch, parts, "tb") == [0.75, 0.25]
-    assert loss_shares(batch, parts, "online_dpo") == [0.5, 0.5]  # groups 0 and 3 hold a pair
-    assert loss_shares(batch, [[1, 2], [0, 3]], "online_dpo") == [0.0, 1.0]
+    assert loss_shares(batch, parts) == [0.75, 0.25]
+    pairs = needs("online_dpo").pairs_only  # Online DPO averages over the groups that hold a pair
+    assert pairs and loss_shares(batch, parts, pairs) == [0.5, 0.5]  # groups 0 and 3 do
+    assert loss_shares(batch, [[1, 2], [0, 3]], pairs_only=True) == [0.0, 1.0]
     assert sub_batch(batch, [1, 3]).rollouts == batch.rollouts[2:4] + batch.rollouts[6:8]
 
 

@@ -14,6 +14,7 @@ from tests.helpers.tiny_bpe import build_bpe_chat_model
 from tba.config import load_config
 from tba.metrics import read_metrics
 from tba.runtime.async_loop import run_ray
+from tba.runtime.fill import NothingToTrain
 from tba.runtime.sync_loop import run_sync
 
 pytestmark = pytest.mark.slow  # end to end (make test-fast leaves it out)
@@ -157,3 +158,27 @@ def test_bad_reward_function_fails_before_any_model_or_run_directory(chat_model,
     with pytest.raises(RewardFunctionError, match="length_bonus"):  # the message suggests the right name
         run_sync(load_config(None, args))
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("runtime", ["sync", "ray"])
+def test_a_run_whose_every_completion_is_dropped_stops_in_the_fill_and_says_why(
+    chat_model, chat_dataset, tmp_path, runtime, request
+):
+    # a reward function with no opinion on any reply (a format the model never writes): every
+    # completion is dropped unscored, no group reaches the buffer, and the fill must not wait forever
+    (tmp_path / "silent.py").write_text("def silent(completions, **kwargs):\n    return [None] * len(completions)\n")
+    args = dataset_args(chat_model, chat_dataset, tmp_path, runtime)
+    args = [a for a in args if not a.startswith(("--task.reward_funcs", "--task.reward_weights"))]
+    args += [f"--task.reward_funcs=[{tmp_path / 'silent.py'}:silent]", "--buffer.fill_patience=2"]
+    if runtime == "ray":
+        request.getfixturevalue("local_ray")
+    run = run_sync if runtime == "sync" else run_ray
+    with pytest.raises(NothingToTrain) as err:
+        run(load_config(None, args))
+    line = str(err.value)
+    assert line.startswith("initial fill: ") and "nothing to train on yet" in line
+    drawn = int(line.split("initial fill: ")[1].split(" prompts")[0])
+    assert drawn >= 2 * 4  # the patience: 2 batches' worth of prompts (4 a batch), none of them usable
+    made = int(line.split("the searchers generated ")[1].split(" completions")[0])
+    assert made >= drawn * 4 and "scored by no reward function" in line
+    assert "0 groups reached the trainer" in line and "the buffer holds 0 prompts" in line

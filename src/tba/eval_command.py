@@ -191,7 +191,8 @@ def evaluate_target(target: Target) -> dict:
     start = time.perf_counter()
     prepared = prepare_task(cfg, log)
     cfg, plan = plan_run(cfg, hardware=Hardware.detect())  # (every auto decided; no load watch, as before)
-    evaluator = load_evaluator(cfg, ready_plan(cfg, plan, prepared[1], log), target.checkpoint, log, prepared=prepared)
+    plan = ready_plan(cfg, plan, prepared[1], log, task=prepared[0])
+    evaluator = load_evaluator(cfg, plan, target.checkpoint, log, prepared=prepared)
     result = evaluator()
     model = str(target.checkpoint) if target.checkpoint is not None else cfg.model.policy
     if model.startswith(BUILTIN_PREFIX):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from tba.config.section import Section
 
@@ -96,10 +96,6 @@ class RuntimeConfig(Section):
     searcher restarts; for searchers on other machines), ``ipc`` (two buffers of the trainer's that
     searchers on its machine map: GPU memory by CUDA IPC handles when they share the trainer's GPU,
     shared host memory on a CPU; one trainer rank, no cluster), ``auto``: the object store."""
-    _chosen: str | None = PrivateAttr(None)
-    """Why ``type`` is what it is, when the run plan resolved ``auto`` (:func:`tba.plan.plan_run`)."""
-    _layout: dict[str, str] | None = PrivateAttr(None)
-    """The plan's lines on the split of the GPUs, once it resolved it (:func:`tba.plan.layout.resolve`)."""
 
     max_ahead: int | None = Field(None, ge=1)
     """``ray`` runtime: searchers pause while the groups that have arrived and the trainer has not yet

@@ -107,6 +107,12 @@ class BufferConfig(Section):
     own batch. Costs the pull toward the reference that flat groups carry."""
     min_groups: int | None = None
     """Groups to collect before the first step; default: one batch (trainer.batch_prompts)."""
+    fill_patience: int | None = Field(32, ge=1)
+    """How long the initial fill may go on with nothing to train on: after this many generation
+    batches' worth of prompts (``generation.prompts_per_batch`` each) drawn since the buffer last
+    gained a prompt it can sample, the run stops and says what the searchers delivered (empty,
+    unfinished or unscored completions, groups dropped, duplicates); it says so once already after 4.
+    None: wait as long as it takes."""
     fresh_only: bool = False
     """On-policy training without replay (``runtime.type=sync``): each step trains on exactly the
     groups generated for it (``generation.prompts_per_batch`` = ``trainer.batch_prompts``), every

@@ -28,6 +28,7 @@ import torch
 
 from tba.config import Config, ConfigError, LoraConfig
 from tba.errors import MissingDependency
+from tba.objectives.needs import needs
 
 PEFT_MISSING = "model.lora needs the peft package: pip install 'tba[lora]' (or pip install peft)"
 ADAPTER_NAME = "default"  # PEFT's name for a model's only adapter
@@ -53,7 +54,7 @@ def check_lora_config(cfg: Config) -> None:
             f"model.lora uses the policy with its adapter switched off as the reference, so model.reference "
             f"({m.reference!r}) must be unset or equal model.policy ({m.policy!r})"
         )
-    if cfg.objective.type == "tb" and cfg.objective.ref_reset_every:
+    if needs(cfg.objective).moves_reference(cfg.objective):
         raise ConfigError(
             "objective.ref_reset_every (TBA′) moves the reference to the current policy, but with model.lora the "
             "reference is the frozen base model; unset objective.ref_reset_every or model.lora"

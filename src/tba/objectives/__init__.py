@@ -59,9 +59,12 @@ from tba.objectives.common import (
     truncated_is_weights,
 )
 from tba.objectives.dispatch import objective_loss, sampler_token_logps
+from tba.objectives.needs import Needs, needs
 from tba.objectives.tb import huber_square, m2_keep, normalised_ess, tb_loss, tb_trust_region_keep
 
 __all__ = [
+    "Needs",
+    "needs",
     "dr_grpo_loss",
     "group_advantages",
     "grpo_loss",

@@ -17,6 +17,7 @@ from tba.config import (
     TrainerConfig,
     VLLMSettings,
 )
+from tba.objectives.needs import needs
 
 
 def engine_memory_fraction(settings: VLLMSettings, gpu_share: float | None) -> float:
@@ -83,7 +84,7 @@ def tb_trust_region(objective: ObjectiveConfig, stale: bool = True) -> float | N
     """``objective.tb_trust_region``: for ``auto``, the sequence band (0.5) where trajectory balance
     trains on data stale by design (``stale``), else plain TB. In the sync runtime the band steadied
     small batches but cost the tool demo 4.5 points (``benchmarks/results/async_regimes/README.md``)."""
-    if objective.type != "tb":
+    if not needs(objective).balance:
         return None
     if objective.tb_trust_region == "auto":
         return 0.5 if stale else None
@@ -94,17 +95,12 @@ def needs_sampler_logps(objective: ObjectiveConfig, trust_region: float | None) 
     """Whether searchers must record the sampling policy's per-token log-probs: the ratio objectives,
     Proximal RLOO or RLOO with ``tis_cap``, and trajectory balance with a band (``trust_region``),
     the second-moment filter or the ESS learning rate."""
-    o = objective
-    tb_variant = trust_region is not None or o.tb_m2_threshold is not None or o.tb_ess_lr
-    return (
-        o.type in ("grpo", "dr_grpo", "ppo")
-        or (o.type == "rloo" and (o.rloo_proximal or o.tis_cap is not None))
-        or (o.type == "tb" and tb_variant)
-    )
+    return needs(objective).sampler_logps(objective, trust_region)
 
 
-def grad_clip(trainer: TrainerConfig, objective_type: str) -> float | None:
-    """``trainer.grad_clip``: for ``auto``, none for trajectory balance and 1.0 for the baselines."""
+def grad_clip(trainer: TrainerConfig, objective: ObjectiveConfig | str) -> float | None:
+    """``trainer.grad_clip``: for ``auto``, the objective's (none for trajectory balance, 1.0 for the
+    baselines: :mod:`tba.objectives.needs`)."""
     if trainer.grad_clip == "auto":
-        return None if objective_type == "tb" else 1.0
+        return needs(objective).grad_clip
     return trainer.grad_clip

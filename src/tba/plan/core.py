@@ -22,6 +22,7 @@ import torch
 
 from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
+from tba.objectives.needs import needs
 from tba.plan.auto import (
     engine_memory_fraction,
     engine_sleeps,
@@ -103,6 +104,8 @@ class Plan:
     """The ray runtime's steps over which ``trainer.max_replay_ratio`` holds (:func:`tba.plan.auto.replay_window`)."""
     warnings: tuple[str, ...] = ()
     """What the plan allows but advises against (processes asking for more cores than there are)."""
+    min_groups: int = 1
+    """Groups the buffer holds before the first step (``buffer.min_groups``; default one batch)."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -172,12 +175,12 @@ class Plan:
         if self.runtime == "sync" and self.trainer_threads:
             out.append(f"  threads: {self.trainer_threads} (generation and training in turns)")
         band = self.objective
-        if self.objective == "tb":
+        if needs(self.objective).balance:
             band = "plain TB" if self.trust_region is None else f"TB with the sequence band {self.trust_region:g}"
         out.append(
             f"  generation: {self.stream.replace('_', ' ')}; "
             f"sampler log-probs: {self.sampler_logprobs.replace('_', ' ')}; "
-            f"buffer flat weight {self.flat_weight:g}; {band}; "
+            f"buffer flat weight {self.flat_weight:g}, first step after {self.min_groups} group(s); {band}; "
             + ("no gradient clipping" if self.grad_clip is None else f"gradient norm clipped at {self.grad_clip:g}")
         )
         out += [f"  {key}: {reason}" for key, reason in self.why.items()]
@@ -280,19 +283,20 @@ def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
     )
 
 
-def _resolve_runtime(cfg: Config, hardware: Hardware) -> Config:
+def _resolve_runtime(cfg: Config, hardware: Hardware) -> tuple[Config, dict[str, str]]:
     """``cfg`` with ``runtime.type: auto`` decided for ``hardware`` and the settings that follow the
     runtime (the TB band's ``auto``) validated again, then the split of the GPUs
-    (:func:`tba.plan.layout.resolve`); ``cfg`` itself when all is set. The reasons are kept for the
-    plan's ``why``."""
+    (:func:`tba.plan.layout.resolve`); with the reasons, for the plan's ``why``."""
+    why: dict[str, str] = {}
     if cfg.runtime.type == "auto":
         kind, reason = choose_runtime(cfg, hardware)
         try:
             cfg = with_values(cfg, {"runtime.type": kind})
         except ConfigError as err:  # a rule of the chosen runtime: say what auto chose
             raise ConfigError(f"runtime.type=auto chose {kind} ({reason}); then: {err}") from None
-        cfg.runtime._chosen = reason
-    return resolve_layout(cfg, hardware, lambda: model_location(cfg.model.policy, cfg))
+        why["runtime"] = f"auto: {reason}"
+    cfg, layout = resolve_layout(cfg, hardware, lambda: model_location(cfg.model.policy, cfg))
+    return cfg, {**why, **layout}
 
 
 def plan_run(cfg: Config, runtime: str | None = None, hardware: Hardware | None = None) -> tuple[Config, Plan]:
@@ -301,17 +305,17 @@ def plan_run(cfg: Config, runtime: str | None = None, hardware: Hardware | None 
     trainer read the runtime that runs. Given ``runtime`` (``sync`` or ``ray``: the entry point that
     was called), a config that names, or resolves to, the other runtime is refused."""
     hw = hardware or Hardware.detect(load=True)  # (a run's threads leave busy cores alone)
-    resolved = _resolve_runtime(cfg, hw)
+    resolved, why = _resolve_runtime(cfg, hw)
     if runtime is not None and resolved.runtime.type != runtime:
         how = (
-            f"runtime.type=auto chose {resolved.runtime.type} ({resolved.runtime._chosen})"
+            f"runtime.type=auto chose {resolved.runtime.type} ({why['runtime'].removeprefix('auto: ')})"
             if cfg.runtime.type == "auto"
             else (f"runtime.type={cfg.runtime.type}")
         )
         raise ConfigError(
             f"{how}, and this is the {runtime} runtime's entry point; set runtime.type={runtime} or run the other"
         )
-    return resolved, make_plan(resolved, hw)
+    return resolved, _plan(resolved, hw, why)
 
 
 def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
@@ -320,11 +324,15 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     here; a run trains with the config that decision gives (:func:`plan_run`), as every part reads
     the runtime from the config."""
     hw = hardware or Hardware.detect()
-    cfg = _resolve_runtime(cfg, hw)
+    resolved, why = _resolve_runtime(cfg, hw)
+    return _plan(resolved, hw, why)
+
+
+def _plan(cfg: Config, hw: Hardware, why: dict[str, str]) -> Plan:
+    """The plan of ``cfg``, resolved for ``hw`` already, with the reasons the resolution gave."""
+    why = dict(why)
     device = resolve_device_name(cfg.run.device, hw)
     o, r, g = cfg.objective, cfg.runtime, cfg.generation
-    why: dict[str, str] = {"runtime": f"auto: {r._chosen}"} if r._chosen else {}
-    why.update(r._layout or {})
     ray_runtime = r.type == "ray"
     searcher_gpus, eval_gpus, shares_gpu = r.searcher_gpus, cfg.eval.eval_gpus, False
     if ray_runtime and not r.address:  # a cluster's GPUs are known once joined (run_ray fills them in then)
@@ -342,7 +350,7 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
                 "(or object_store)"
             )
     band = tb_trust_region(o, stale_by_design(cfg))
-    if o.type == "tb" and o.tb_trust_region == "auto":
+    if needs(o).balance and o.tb_trust_region == "auto":
         why["trust_region"] = (
             "the sequence band, as the searchers' weights lag by design"
             if band is not None
@@ -363,7 +371,8 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
     elif g.backend == "vllm":
         logprobs = "engine"  # the engine's raw log-probs of what it sampled
     else:
-        logprobs = "sampling_pass" if o.type == "tb" else "teacher_forced"  # ratio objectives: ratios start at 1
+        # TB's corrections take the sampling pass's; a ratio must start at 1: a second, teacher-forced pass
+        logprobs = "sampling_pass" if needs(o).balance else "teacher_forced"
     policy = model_location(cfg.model.policy, cfg)  # (a shipped model's weights are hashed: once)
     return Plan(
         hardware=hw,
@@ -381,7 +390,7 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         extra_lag=r.extra_lag,
         flat_weight=flat_weight(cfg.buffer, r.type),
         trust_region=band,
-        grad_clip=grad_clip(cfg.trainer, o.type),
+        grad_clip=grad_clip(cfg.trainer, o),
         sampler_logprobs=logprobs,
         trainer_threads=threads,
         searcher_threads=searcher_threads,
@@ -395,4 +404,5 @@ def make_plan(cfg: Config, hardware: Hardware | None = None) -> Plan:
         max_ahead=r.max_ahead if ray_runtime else None,
         replay_window=replay_window(cfg) if ray_runtime else None,
         warnings=(crowded,) if crowded else (),
+        min_groups=cfg.buffer.min_groups or cfg.trainer.batch_prompts,
     )

@@ -227,15 +227,13 @@ def choose(cfg: Config, hw: Hardware, transport: str, model_path) -> tuple[int, 
     return best.searchers, best.ranks, why
 
 
-def resolve(cfg: Config, hw: Hardware, model_path) -> Config:
+def resolve(cfg: Config, hw: Hardware, model_path) -> tuple[Config, dict[str, str]]:
     """``cfg`` with ``runtime.num_searchers`` and ``trainer.num_ranks`` decided where ``auto``
     (``model_path``: a callable giving the policy's location, read only on several GPUs), and the
-    plan's lines on the layout kept in ``cfg.runtime._layout``; ``cfg`` itself once resolved."""
+    plan's lines on the layout (its ``why``)."""
     from tba.config import with_values
     from tba.weights.transports import weight_transport
 
-    if cfg.runtime._layout is not None:
-        return cfg
     why: dict[str, str] = {}
     searchers, ranks = cfg.runtime.num_searchers, cfg.trainer.num_ranks
     if cfg.runtime.type == "ray":
@@ -245,10 +243,7 @@ def resolve(cfg: Config, hw: Hardware, model_path) -> Config:
         values["runtime.num_searchers"] = 1 if searchers == "auto" else searchers
     if cfg.trainer.num_ranks == "auto":
         values["trainer.num_ranks"] = 1 if ranks == "auto" else ranks
-    resolved = with_values(cfg, values) if values else cfg
-    resolved.runtime._chosen = cfg.runtime._chosen
-    resolved.runtime._layout = why
-    return resolved
+    return (with_values(cfg, values) if values else cfg), why
 
 
 def described(spec: str) -> Hardware:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import ray
@@ -32,24 +33,23 @@ from rich.console import Console
 
 from tba import allocator
 from tba.config import Config, absolute_paths
-from tba.console import RunDisplay
-from tba.evaluation import write_samples
 from tba.machine import busy_cores
 from tba.metrics import MetricsLogger
-from tba.models.precision import PeakMemory
 from tba.plan import Plan, actor_gpu_shares, plan_run
 from tba.plan.placement import local_threads
-from tba.runtime.actors import BackgroundEvaluation, Finished, SearcherWorker
-from tba.runtime.bounds import Starvation, StepGate
+from tba.runtime.actors import BackgroundEvaluation, SearcherWorker
+from tba.runtime.bounds import StepGate
 from tba.runtime.build import Components, build_components
 from tba.runtime.cluster import one_engine_at_a_time, ray_session
-from tba.runtime.health import FallWatch, SlowdownWatch, remedy
+from tba.runtime.health import SlowdownWatch
 from tba.runtime.inbox import Inbox
-from tba.runtime.report import eval_key, evaluate_policy, finish, log_errors, say_event
+from tba.runtime.observers import BackgroundEvaluations
+from tba.runtime.report import evaluate_policy, finish, say_event
 from tba.runtime.restarts import SearcherPool
-from tba.runtime.run_dir import open_run, resume, save
+from tba.runtime.run_dir import open_run, resume
+from tba.runtime.sources import InboxSource
 from tba.runtime.startup import StartUp
-from tba.searcher.counters import combine
+from tba.runtime.steps import train_steps
 from tba.weights import BackgroundPublisher, Sender
 from tba.weights.ray.channel import Channel, RankSender, channel_sender, open_channel
 
@@ -75,70 +75,82 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
             "evaluation: HF generate on the trainer's policy (the trainer holds no vLLM engine); "
             "eval.async=true evaluates on one in the evaluation actor"
         )
-    actors, metrics, background = [], None, None
-    inbox, c, weights = None, None, None
-    with ray_session(cfg, plan) as started_ray:
+    say = lambda m: say_event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
+    # clean-up in reverse order: the metrics, the evaluation actor, the searchers, the inbox, then
+    # the parts (the weights' sender among them: no searcher listens any more), Ray
+    with ExitStack() as closing:
+        started_ray = closing.enter_context(ray_session(cfg, plan))
         startup.mark("Ray")
-        try:
-            shared = started_ray and plan.shares_gpu  # (a Ray instance started here: the plan's GPUs)
-            if cfg.runtime.address:  # a cluster's GPUs are known once joined
-                shares = actor_gpu_shares(cfg, plan.device, ray.cluster_resources().get("GPU", 0.0), False)
-                plan = plan.with_actor_shares(cfg, *shares)
-                plan.save(run_dir)
-            r = cfg.runtime
-            run_id = uuid.uuid4().hex[:12]
-            ahead = None if plan.max_ahead is None else plan.max_ahead * cfg.trainer.batch_prompts
-            channel, _boards = open_channel(plan.transport, run_id, r.num_searchers)  # (kept for the run)
-            names = (channel, f"tba-inbox-{run_id}")
-            inbox = Inbox.options(name=names[1]).remote(ahead)
-            weights = _sender(cfg, channel, lambda m: chatter.print(m, highlight=False, markup=False))
-            # The searchers start first (imports, model loading: most of the start-up), while this
-            # process loads the trainer's model, publishes and evaluates (the plan has the EOS ids
-            # and the models' paths: no searcher builds the demo model).
-            # trainer ranks take whole GPUs of their own: they start first, the searchers' shares then
-            early = cfg.trainer.num_ranks == 1
-            if early:
-                background = _start_actors(cfg, plan, names, shared, actors)
-                startup.mark("starting searchers")
-            c = build_components(cfg, plan, log, weights=weights, with_searcher=False, prepared=prepared)
-            startup.mark("trainer's model")
-            if not early:
-                background = _start_actors(cfg, plan, names, shared, actors)
-                startup.mark("starting searchers")
-            initial = {}
-            resumed = cfg.run.resume and resume(c, run_dir, log)
-            if resumed:  # each searcher goes on from its place in the checkpoint, not its epoch's start
-                ray.get(inbox.resume_places.remote(c.ledger.places()))
-            metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
-            c.trainer.publish()  # searchers start from the trainer's weights
-            c.trainer.flush_publication()
-            startup.mark("first publication")
-            if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
-                background.submit(0, published_weights(c))
-            elif background is None and not resumed:
-                initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
-                metrics.log(0, initial)
-            on_event = lambda m: say_event(run_dir, console.print, m)  # noqa: E731  (shown even when quiet)
-            pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, on_event)
-            memory = "jemalloc" if allocator.loaded() else "the system allocator"
-            startup.mark("evaluation at step 0")
-            log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
-            extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log)
-            c.trainer.flush_publication()  # the last publication lands while its searchers still listen
-        finally:
-            if inbox is not None:
-                inbox.stop.remote()
-            for actor in actors:
-                ray.kill(actor)
-            if c is None and weights is not None:  # (else c.close() closes it, after the searchers stopped)
-                weights.close()
-            if background is not None:
-                background.stop()
-            if metrics is not None:
-                metrics.close()  # whatever happened, what was logged stays on disk
-            if c is not None:
-                c.close()
+        shared = started_ray and plan.shares_gpu  # (a Ray instance started here: the plan's GPUs)
+        if cfg.runtime.address:  # a cluster's GPUs are known once joined
+            shares = actor_gpu_shares(cfg, plan.device, ray.cluster_resources().get("GPU", 0.0), False)
+            plan = plan.with_actor_shares(cfg, *shares)
+            plan.save(run_dir)
+        r = cfg.runtime
+        run_id = uuid.uuid4().hex[:12]
+        ahead = None if plan.max_ahead is None else plan.max_ahead * cfg.trainer.batch_prompts
+        channel, _boards = open_channel(plan.transport, run_id, r.num_searchers)  # (kept for the run)
+        names = (channel, f"tba-inbox-{run_id}")
+        weights = _sender(cfg, channel, lambda m: chatter.print(m, highlight=False, markup=False))
+        parts = closing.enter_context(_Parts(weights))  # closed once the searchers are stopped
+        inbox = Inbox.options(name=names[1]).remote(ahead)
+        closing.callback(inbox.stop.remote)
+        actors: list = []
+        closing.callback(lambda: [ray.kill(a) for a in actors])
+        # The searchers start first (imports, model loading: most of the start-up), while this
+        # process loads the trainer's model, publishes and evaluates (the plan has the EOS ids
+        # and the models' paths: no searcher builds the demo model).
+        # trainer ranks take whole GPUs of their own: they start first, the searchers' shares then
+        early = cfg.trainer.num_ranks == 1
+        if early:
+            background = _start_actors(cfg, plan, names, shared, actors)
+            startup.mark("starting searchers")
+        c = parts.built(build_components(cfg, plan, log, weights=weights, with_searcher=False, prepared=prepared))
+        startup.mark("trainer's model")
+        if not early:
+            background = _start_actors(cfg, plan, names, shared, actors)
+            startup.mark("starting searchers")
+        if background is not None:
+            closing.callback(background.stop)
+        initial = {}
+        resumed = cfg.run.resume and resume(c, run_dir, log)
+        if resumed:  # each searcher goes on from its place in the checkpoint, not its epoch's start
+            ray.get(inbox.resume_places.remote(c.ledger.places()))
+        metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
+        closing.callback(metrics.close)  # whatever happened, what was logged stays on disk
+        c.trainer.publish()  # searchers start from the trainer's weights
+        c.trainer.flush_publication()
+        startup.mark("first publication")
+        if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
+            background.submit(0, published_weights(c))
+        elif background is None and not resumed:
+            initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
+            metrics.log(0, initial)
+        pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, say)
+        memory = "jemalloc" if allocator.loaded() else "the system allocator"
+        startup.mark("evaluation at step 0")
+        log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
+        extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log, say)
+        c.trainer.flush_publication()  # the last publication lands while its searchers still listen
     return run_dir, finish(console, run_dir, c, cfg, start, extra)
+
+
+class _Parts:
+    """The run's parts for clean-up: until the components are built, the weights' sender alone
+    (``Components.close`` closes it with the rest, after the searchers stopped)."""
+
+    def __init__(self, weights: Sender) -> None:
+        self.weights, self.c = weights, None
+
+    def built(self, c: Components) -> Components:
+        self.c = c
+        return c
+
+    def __enter__(self) -> _Parts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (self.c or self.weights).close()
 
 
 def _sender(cfg: Config, channel: Channel, log) -> Sender:
@@ -186,47 +198,6 @@ def published_weights(c: Components) -> dict | ray.ObjectRef:
     return ref if ref is not None else t.published_state()
 
 
-def _drain(
-    c: Components, inbox, run_dir: Path, gate: StepGate, consumed: int | None = None, waiting: bool = False
-) -> dict[int, dict]:
-    groups, stats, errors = ray.get(inbox.drain.remote(consumed, waiting))
-    c.ledger.record(groups, stats)
-    c.trainer.ingest(groups)
-    gate.add_arrivals(sum(g.size for g in groups))
-    log_errors(run_dir, errors)
-    return stats
-
-
-def _generated(stats: dict[int, dict]) -> float:
-    """Completions the searchers have generated so far (kept or dropped), by their latest stats."""
-    return sum(s["searcher/completions"] for s in stats.values())
-
-
-def _searcher_versions(stats: dict[int, dict], pool: SearcherPool, key: str = "searcher/version") -> list[int | None]:
-    """The weight version each searcher holds, by its latest report (``searcher/oldest_version``:
-    the oldest a group it sends from now on can start from); None while it restarts."""
-    return [None if i in pool.waiting else int(stats[i][key]) for i in sorted({*stats, *pool.waiting})]
-
-
-def _log_evaluations(
-    finished: list[Finished],
-    run_dir: Path,
-    metrics: MetricsLogger,
-    display: RunDisplay,
-    step: int,
-    watch: FallWatch,
-    say,
-) -> None:
-    """Results of the evaluation actor, each logged at the step whose weights it evaluated."""
-    for f in finished:
-        write_samples(run_dir, f.step, f.samples)
-        metrics.log_samples(f.step, f.samples)
-        if message := watch.observe(f.step, f.metrics):
-            say(message)
-        metrics.log(f.step, f.metrics)
-        display.update(step, f.metrics)  # the display stays at the trainer's step
-
-
 def _train(
     c: Components,
     cfg: Config,
@@ -238,102 +209,15 @@ def _train(
     background: BackgroundEvaluation | None = None,
     startup: StartUp | None = None,
     log=print,
+    say=None,
 ) -> dict:
-    trainer, batch = c.trainer, cfg.trainer.batch_prompts
-    startup = startup or StartUp(time.time())
-    t = cfg.trainer
-    lag = c.plan.lag_bound
-    gate = StepGate(batch * cfg.generation.group_size, t.max_replay_ratio, c.plan.replay_window, lag)
-    starved = Starvation()
-    min_groups = cfg.buffer.min_groups or batch
-    last_stats: dict[int, dict] = {}
-    while c.buffer.num_prompts < min_groups or not c.buffer.can_sample(batch):  # the initial fill
-        pool.check()
-        last_stats = _drain(c, inbox, run_dir, gate, waiting=True) or last_stats
-        time.sleep(0.05)
-    startup.mark("waiting for the first batch")
-    startup.searcher(last_stats)
-    loop_start, busy_s, paused_s, samples, wait_total_s = time.perf_counter(), 0.0, 0.0, 0, 0.0
-    longest_pause_s, step_end = 0.0, loop_start  # the widest gap between two trainer steps
-    key = eval_key(c)
-    watch = FallWatch.start(key, initial, run_dir, remedy(c.plan.objective, c.plan.trust_region))
-    here = local_threads(cfg, c.plan.trainer_threads, c.plan.searcher_threads, c.plan.rank_threads)
-    slowdown = SlowdownWatch(c.plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
-    peak = PeakMemory(trainer.device)
-    with RunDisplay.from_config(cfg.logging, cfg.trainer.steps, key) as display:
-        display.update(trainer.version, initial)
-        first = trainer.version  # (a resumed run's: the inbox counts from its start)
-        while trainer.version < cfg.trainer.steps:
-            consumed = (trainer.version - first) * batch  # what searchers may run ahead of (runtime.max_ahead)
-            last_stats = _drain(c, inbox, run_dir, gate, consumed) or last_stats
-            pool.check()
-            wait_start = time.perf_counter()
-            starved.begin(wait_start, gate.arrived, _generated(last_stats))
-            # the bounds: wait for data; a restarting searcher (None) does not count
-            while gate.blocked(
-                trainer.version,
-                [v for v in _searcher_versions(last_stats, pool, "searcher/oldest_version") if v is not None],
-            ):
-                time.sleep(0.02)
-                pool.check()
-                last_stats = _drain(c, inbox, run_dir, gate, consumed, waiting=True) or last_stats
-                if message := starved.check(time.perf_counter(), gate.arrived, _generated(last_stats)):
-                    pool.log(message)  # on the console even when quiet, and in errors.log
-            t0 = time.perf_counter()
-            wait_s = t0 - wait_start
-            wait_total_s += wait_s
-            longest_pause_s = max(longest_pause_s, t0 - step_end - wait_s)
-            replay_ratio = gate.replay_ratio()
-            record = trainer.step()
-            if not startup.done:
-                startup.mark("first step")
-                log(startup.line())
-            gate.stepped()
-            busy_s += time.perf_counter() - t0
-            samples += batch * cfg.generation.group_size
-            step = trainer.version
-            active_s = time.perf_counter() - loop_start - paused_s
-            record.update(combine(list(last_stats.values())))  # every searcher's counters (tba.searcher.counters)
-            record.update(c.ledger.metrics())
-            record["train/replay_ratio"] = replay_ratio
-            record["trainer/wait_s"] = wait_s
-            record["trainer/wait_total_s"] = wait_total_s
-            record["trainer/busy_fraction"] = busy_s / max(active_s, 1e-9)
-            record["trainer/samples_per_s"] = samples / max(active_s, 1e-9)
-            record["trainer/longest_pause_s"] = longest_pause_s
-            record["searcher/restarts"] = float(pool.restarts)
-            t1 = time.perf_counter()  # evaluation and checkpoints pause training: not counted
-            finished = background.poll() if background else []
-            if step % cfg.eval.every == 0 or step == cfg.trainer.steps:
-                if background:
-                    finished += background.submit(step, published_weights(c))
-                    record["trainer/eval_wait_s"] = background.waited_s
-                else:
-                    record.update(evaluate_policy(c, cfg, run_dir, step, metrics))
-            # the pace: a step and its wait for data (searchers slowed by the same load)
-            for message in (watch.observe(step, record), slowdown.observe(t1 - wait_start)):
-                if message:
-                    pool.log(message)  # on the console even when quiet, and in errors.log
-            if step % cfg.logging.every == 0 or key in record:
-                record["train/peak_memory_gb"] = peak.read()  # since the previous log
-                metrics.log(step, record)  # before the checkpoint: a resume from it finds this step logged
-            every = cfg.trainer.checkpoint_every
-            if (every and step % every == 0) or step == cfg.trainer.steps:
-                if background:  # its results belong before the checkpoint, like the step's own
-                    finished += background.finish()
-                save(c, run_dir)  # (with the prompt ledger: each searcher's place, as of the groups taken in)
-            _log_evaluations(finished, run_dir, metrics, display, step, watch, pool.log)
-            paused_s += time.perf_counter() - t1
-            step_end = time.perf_counter()  # evaluation and checkpoints are not pauses of the loop
-            display.update(step, record, _searcher_versions(last_stats, pool))
-    active_s = time.perf_counter() - loop_start - paused_s
-    nodes = sorted({s["node"] for s in last_stats.values()})
-    return {
-        "trainer_busy_fraction": round(busy_s / max(active_s, 1e-9), 4),
-        "searcher_nodes": nodes,
-        "searcher_restarts": pool.restarts,
-        "trainer_longest_pause_s": round(longest_pause_s, 3),
-        "trainer_wait_s": round(wait_total_s, 3),
-        "replay_ratio": round(gate.trained / max(gate.arrived, 1), 4),  # over the whole run
-        "startup_s": startup.summary(),
-    }
+    """The steps of a ray run (:func:`tba.runtime.steps.train_steps`) from the inbox of its searchers."""
+    t, plan = cfg.trainer, c.plan
+    gate = StepGate(t.batch_prompts * cfg.generation.group_size, t.max_replay_ratio, plan.replay_window, plan.lag_bound)
+    source = InboxSource(c, inbox, pool, run_dir, gate, t.batch_prompts, startup or StartUp(time.time()), log)
+    here = local_threads(cfg, plan.trainer_threads, plan.searcher_threads, plan.rank_threads)
+    slowdown = SlowdownWatch(plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
+    evaluations = None
+    if background is not None:
+        evaluations = BackgroundEvaluations(background, lambda: published_weights(c), cfg.eval.every, t.steps)
+    return train_steps(c, cfg, run_dir, metrics, initial, source, slowdown, say or pool.log, evaluations)

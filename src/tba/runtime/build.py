@@ -28,6 +28,7 @@ from tba.models.lora import (
     published_state,
 )
 from tba.models.precision import Precision
+from tba.objectives.needs import needs
 from tba.plan import Plan
 from tba.runtime.ledger import PromptLedger
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
@@ -192,7 +193,7 @@ def make_searcher(
             # reloads the reference between steps)
             "reference_thread": device_type == "cuda"
             and not isinstance(reference, ReferenceView)
-            and not (cfg.objective.type == "tb" and cfg.objective.ref_reset_every),
+            and not needs(cfg.objective).moves_reference(cfg.objective),
         }
     return kind(
         task,
@@ -207,7 +208,7 @@ def make_searcher(
         seed=cfg.run.seed,
         chat_template=cfg.model.chat_template,
         unfinished_reward=g.unfinished_reward,
-        ref_reset_every=cfg.objective.ref_reset_every if cfg.objective.type == "tb" else None,
+        ref_reset_every=cfg.objective.ref_reset_every if needs(cfg.objective).moves_reference(cfg.objective) else None,
         # the reference pass is cut as the trainer's forward passes are (it holds no activations for
         # a backward pass, so what fits the trainer fits it)
         ref_micro_batch=t.micro_batch_prompts * (g.samples_per_prompt or g.group_size)

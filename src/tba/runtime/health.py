@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tba.metrics import read_metrics
+from tba.objectives.needs import needs
 
 if TYPE_CHECKING:
     from tba.hardware import Hardware
@@ -38,8 +39,8 @@ BAND = (
 
 def remedy(objective: str, trust_region: float | None) -> str:
     """What to suggest after a fall: the sequence band for plain trajectory balance (``objective``:
-    ``objective.type``; ``trust_region``: the plan's band)."""
-    return BAND if objective == "tb" and trust_region is None else LOWER_LR
+    the plan's objective; ``trust_region``: the plan's band)."""
+    return BAND if needs(objective).balance and trust_region is None else LOWER_LR
 
 
 def _summarise(values: list[float], how: str) -> float:

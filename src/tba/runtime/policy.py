@@ -81,6 +81,7 @@ def make_trainer(
         "weights": NoSender(),
         "trust_region": plan.trust_region,
         "grad_clip": plan.grad_clip,
+        "sampler_logps": plan.sampler_logprobs != "none",
         **parts,
     }
     return Trainer(

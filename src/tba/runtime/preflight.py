@@ -5,6 +5,7 @@ directory exists; the builders (:mod:`tba.runtime.build`) and ``tba eval`` too."
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from tba.config import Config, ConfigError
@@ -12,7 +13,7 @@ from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.demo.builtin import build_builtin
 from tba.generation.multi_turn import make_conversations
 from tba.generation.vllm_backend import check_vllm_backend
-from tba.models.loading import check_causal_lm, eos_ids, generation_config_of, load_tokenizer
+from tba.models.loading import check_causal_lm, encode_prompts, eos_ids, generation_config_of, load_tokenizer
 from tba.models.lora import check_lora_config
 from tba.models.tiny import build_char_tokenizer, build_tool_tokenizer
 from tba.plan import Plan, builtin_setting
@@ -20,10 +21,10 @@ from tba.runtime.policy import quiet_transformers
 from tba.tasks import Task, build_task
 
 
-def check_models(cfg: Config, plan: Plan, log=print) -> None:
+def check_models(cfg: Config, plan: Plan, log=print):
     """Build the built-in models the plan names, where it names them, on first use, and check, from
     their configs alone, that the policy and the reference exist and are causal LMs: before the run
-    directory exists."""
+    directory exists. Returns the policy's config (None for a PEFT adapter folder)."""
     for name, path in ((cfg.model.policy, plan.policy), (cfg.model.reference, plan.reference)):
         warm = builtin_setting(name, cfg) if name else None
         if warm is not None:
@@ -33,6 +34,48 @@ def check_models(cfg: Config, plan: Plan, log=print) -> None:
         check_causal_lm(plan.reference, cfg.model.trust_remote_code, what="model.reference")
     if cfg.generation.backend == "vllm":
         check_vllm_backend(config, plan.torch_device, sleep=cfg.generation.vllm.sleep)
+    return config
+
+
+def context_length(config) -> int | None:
+    """The positions a model's config allows (``max_position_embeddings``, GPT-2's ``n_positions``),
+    or None where it names none."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None) if config is not None else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_context(cfg: Config, task: Task, tokenizer, config, sample: int = 256) -> None:
+    """Refuse a run whose prompts leave no room for their completions in the policy's context: the
+    longest of ``sample`` evaluation prompts and ``sample`` training prompts (drawn without moving the
+    task's place), plus ``generation.max_new_tokens``, against the positions the model's config
+    allows. Such a model writes nothing usable (HF generation past the context gives empty or
+    garbled completions, vLLM refuses the request), and the run would fill its buffer forever."""
+    limit, new = context_length(config), cfg.generation.max_new_tokens
+    bound = getattr(cfg.task, "max_prompt_tokens", None)  # the task drops longer prompts
+    if limit is None or (bound is not None and bound + new <= limit):
+        return
+    state = task.sampler_state()
+    try:
+        drawn = task.sample_prompts(sample, random.Random(0))
+    finally:
+        task.load_sampler_state(state)
+    prompts = drawn + task.eval_prompts()[:sample]
+    longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.model.chat_template)), default=0)
+    if longest + new > limit:
+        room = limit - new
+        fix = (
+            f"set task.max_prompt_tokens={room} to drop the longer prompts, or lower generation.max_new_tokens"
+            if room > 0
+            else f"lower generation.max_new_tokens below {limit}"
+        )
+        raise ConfigError(
+            f"prompts of up to {longest} tokens plus generation.max_new_tokens={new} need {longest + new} "
+            f"positions, and the policy's context is {limit} ({cfg.model.policy}): {fix}, or use a model "
+            "with a longer context"
+        )
 
 
 def make_task(cfg: Config, tokenizer=None, log=print) -> Task:
@@ -73,13 +116,17 @@ def policy_tokenizer(cfg: Config, plan: Plan, prepared_tokenizer):
     return prepared_tokenizer
 
 
-def ready_plan(cfg: Config, plan: Plan, prepared_tokenizer, log=print) -> Plan:
+def ready_plan(cfg: Config, plan: Plan, prepared_tokenizer, log=print, task: Task | None = None) -> Plan:
     """``plan`` (:func:`tba.plan.make_plan`'s for ``cfg``) ready for the builders: its models built
     (a built-in one on first use) and checked, and the ids that end a completion.
     ``prepared_tokenizer``: the tokenizer :func:`prepare_task` returned. What ``tba train`` does
-    before it builds anything; a library user builds components from this plan."""
-    check_models(cfg, plan, log)
-    return plan_with_eos(cfg, plan, policy_tokenizer(cfg, plan, prepared_tokenizer))
+    before it builds anything; a library user builds components from this plan. Given the prepared
+    ``task``, its prompts are checked against the policy's context too (:func:`check_context`)."""
+    config = check_models(cfg, plan, log)
+    tokenizer = policy_tokenizer(cfg, plan, prepared_tokenizer)
+    if task is not None:
+        check_context(cfg, task, tokenizer, config)
+    return plan_with_eos(cfg, plan, tokenizer)
 
 
 def plan_with_eos(cfg: Config, plan: Plan, tokenizer) -> Plan:

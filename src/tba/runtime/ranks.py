@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
 from tba.config import Config, ConfigError, build_config, with_values
 from tba.models.lora import is_lora, load_policy_state, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
+from tba.objectives.needs import needs
 from tba.plan import Plan
 from tba.runtime.errors import TrainerRankFailed
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers, seed_everything
@@ -284,7 +285,7 @@ class RankGroup:
         else:
             sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
-        scales = loss_shares(batch, parts, self.cfg.objective.type)
+        scales = loss_shares(batch, parts, needs(self.cfg.objective).pairs_only)
         # equal on every rank: each pass is a collective
         passes = rank_passes(batch, parts, self.cfg.trainer, self.passes)
         per_rank = self._call(

@@ -136,7 +136,7 @@ def open_run(cfg: Config, console: Console, plan: Plan) -> tuple[Config, Path, t
     run_dir = check_run_dir(cfg)
     check_backends(cfg.logging)
     prepared = prepare_task(cfg, log)
-    plan = ready_plan(cfg, plan, prepared[1], log)
+    plan = ready_plan(cfg, plan, prepared[1], log, task=prepared[0])
     seed_everything(cfg.run.seed)
     run_dir = prepare_run_dir(cfg, run_dir)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

@@ -31,8 +31,7 @@ from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
 from tba.models.logprobs import truncate_at_eos
 from tba.models.precision import Precision
-from tba.objectives import normalised_ess, objective_loss
-from tba.plan.auto import needs_sampler_logps
+from tba.objectives import needs, normalised_ess, objective_loss
 from tba.schedules import beta_at
 from tba.trainer.optimizer import make_optimizer
 from tba.trainer.planning import (
@@ -67,6 +66,7 @@ class Trainer:
         ranks: Updates | None = None,
         trust_region: float | None = None,
         grad_clip: float | None = None,
+        sampler_logps: bool | None = None,
     ):
         """``trust_region`` (TB's band; None: plain TB) and ``grad_clip`` (None: no clipping):
         numbers, as the run plan resolved them (:func:`tba.runtime.policy.make_trainer` builds a
@@ -92,9 +92,11 @@ class Trainer:
                 f"Trainer takes resolved numbers, not {trust_region!r} / {grad_clip!r}: build it from a run "
                 "plan (tba.runtime.policy.make_trainer) or pass the band and the clip"
             )
-        self.trust_region = trust_region if objective.type == "tb" else None
+        self.trust_region = trust_region if needs(objective).balance else None
         self.grad_clip = grad_clip
-        self.sampler_logps = needs_sampler_logps(objective, self.trust_region)  # the rollouts carry them
+        if sampler_logps is None:  # (a trainer built from a plan is told: its sampler_logprobs)
+            sampler_logps = needs(objective).sampler_logps(objective, self.trust_region)
+        self.sampler_logps = sampler_logps  # the rollouts carry them
         self.version = 0  # optimizer steps taken: the version of the current weights
         self.skipped_steps = 0
         self.empty_steps = 0  # steps with nothing to train on (:meth:`skip`)
@@ -281,7 +283,7 @@ class Trainer:
             self._count_oversize([cost([g]) for g in range(n)])  # what each group's pass alone would compute
         else:
             self._count_oversize([k * (p + c) for p, c in group_lengths(batch)])
-        weights = loss_shares(batch, plan, self.objective.type)
+        weights = loss_shares(batch, plan, needs(self.objective).pairs_only)
         totals: dict[str, float] = {"train/tokens": 0.0, "train/positions": 0.0}
         for groups, share in zip(plan, weights, strict=True):
             rollouts = [r for g in groups for r in batch.group(g)]

@@ -65,15 +65,15 @@ def group_lengths(batch: Batch) -> list[tuple[int, int]]:
     return [(len(batch.prompt_ids[g]), max(len(r.completion) for r in batch.group(g))) for g in range(batch.num_groups)]
 
 
-def loss_shares(batch: Batch, parts: list[list[int]], objective: str) -> list[float]:
+def loss_shares(batch: Batch, parts: list[list[int]], pairs_only: bool = False) -> list[float]:
     """Each part's share of the batch's loss, ``parts`` being lists of group indices (a step's
     micro-batches, or its trainer ranks, whose losses are weighted by it before their gradients are
     summed). Losses are means over groups (or over their completions, K per group), so the share
     is the part's fraction of the groups; Online DPO averages over the groups whose rewards differ
-    (the others hold no pair), so there it is its fraction of those."""
+    (the others hold no pair: ``pairs_only``), so there it is its fraction of those."""
     n = batch.num_groups
     sizes = [len(p) / n for p in parts]
-    if objective != "online_dpo":
+    if not pairs_only:
         return sizes
     pairs = [sum(not batch.flat(g) for g in p) for p in parts]
     total = sum(pairs)
