@@ -207,18 +207,25 @@ def test_a_searcher_that_cannot_load_its_model_ends_the_run_in_one_line(tmp_path
 
 
 def test_any_other_failure_of_a_searcher_at_start_ends_the_run_with_its_traceback():
-    from ray.exceptions import RayActorError
+    from ray.exceptions import RayActorError, RayTaskError
 
-    from tba.runtime.errors import SearcherFailed
+    from tba.runtime.errors import CouldNotStart, SearcherFailed
     from tba.runtime.restarts import SearcherPool
 
     pool = SearcherPool([], max_restarts=3, window_s=600, log=print)
     text = 'Traceback (most recent call last):\n  File "distributed.py", line 9\nZeroDivisionError: division by zero'
     with pytest.raises(SearcherFailed, match=r"(?s)searcher 0, while starting.*ZeroDivisionError: division by zero"):
         pool._died(0, RayActorError(error_msg=text, actor_init_failed=True))
-    user = "Traceback ...\ntba.errors.ModelLoadError: cannot load model /m: bad header; check the folder"
+    # bad input met while starting comes back from the searcher's first call as an exception of its
+    # type, as Ray hands a task's exception over (nothing reads the traceback's text); a searcher's
+    # own exception keeps its traceback
+    user = ModelLoadError("cannot load model /m: bad header; check the folder")
+    err = RayTaskError("SearcherWorker.run", "Traceback ...", CouldNotStart(user)).as_instanceof_cause()
     with pytest.raises(ModelLoadError, match=r"^searcher 0 could not start: cannot load model /m: bad header"):
-        pool._died(0, RayActorError(error_msg=user, actor_init_failed=True))
+        pool._raised(0, err)
+    other = RayTaskError("SearcherWorker.run", "Traceback ...\nKeyError: 'x'", KeyError("x")).as_instanceof_cause()
+    with pytest.raises(SearcherFailed, match=r"(?s)searcher 0\); the run stops.*KeyError"):
+        pool._raised(0, other)
 
 
 @NEEDS_PROC

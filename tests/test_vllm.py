@@ -338,31 +338,12 @@ def test_an_evaluation_on_the_searchers_engine_sees_the_trainers_weights_and_han
 @needs_vllm
 def test_an_engine_that_cannot_start_is_one_line_exit_2_and_no_run_directory(every_check):
     """``tba train`` in the sync runtime whose engine has no memory for its cache (vllm_checks.py, in
-    the checks' process). In the ray runtime the searcher raises the same error in its start, and the
-    driver finds it in Ray's text: the next test, and test_ray_runtime.py's searcher that cannot load
-    its model, end to end."""
+    the checks' process). In the ray runtime the searcher meets the same error in its start and
+    raises it from its first call (tba.runtime.errors.CouldNotStart): test_ray_runtime.py's searcher
+    that cannot load its model, end to end."""
     result = check_result(every_check, "engine_cannot_start")
     lines = [line for line in result["stderr"].splitlines() if line.startswith("tba: ")]
     assert result["status"] == 2, result["stderr"]
     assert len(lines) == 1 and "the vLLM engine did not start" in lines[0] and "generation.vllm.kv_cache_gb" in lines[0]
     assert "Traceback" not in result["stderr"].split(lines[0])[-1]
     assert not result["run_dir_exists"]
-
-
-def test_a_user_error_in_a_searchers_start_is_found_in_rays_traceback_text():
-    from tba.errors import EngineStartError
-    from tba.runtime.restarts import raised_user_error
-
-    text = (
-        "The actor died because of an error raised in its creation task, ray::SearcherWorker.__init__()\n"
-        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
-        "ValueError: No available memory for the cache blocks.\n\nThe above exception was the direct cause\n"
-        "tba.errors.EngineStartError: the vLLM engine did not start on m: no memory -- check it"
-    )
-    found = raised_user_error(text)
-    assert (
-        isinstance(found, EngineStartError)
-        and str(found) == "the vLLM engine did not start on m: no memory -- check it"
-    )
-    assert raised_user_error("Traceback ...\nZeroDivisionError: division by zero") is None
-    assert raised_user_error("tba.errors.Terminated: signal 15") is None  # not a UserError

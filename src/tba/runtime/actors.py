@@ -25,8 +25,10 @@ import ray
 import torch
 
 from tba.config import Config, build_config
+from tba.errors import UserError
 from tba.plan import Plan
 from tba.runtime.build import build_searcher, load_evaluator
+from tba.runtime.errors import CouldNotStart
 from tba.runtime.policy import seed_everything
 from tba.weights.ray.board import pack, unpack
 from tba.weights.ray.channel import Channel, channel_receiver
@@ -48,15 +50,22 @@ class SearcherWorker:
         cfg = build_config(cfg_data)
         seed_everything(cfg.run.seed + 1000 * (searcher_id + 1))
         self.incarnation = uuid.uuid4().hex  # a restart after a crash is a new incarnation
-        weights = channel_receiver(channel, searcher_id, self.incarnation)
-        self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
         self.inbox = inbox
+        self.start_error: UserError | None = None  # bad input met while starting: raised by run()
+        try:
+            weights = channel_receiver(channel, searcher_id, self.incarnation)
+            self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
+        except UserError as err:
+            self.start_error = err
+            return
         self.capped = plan.max_ahead is not None  # runtime.max_ahead: ask the inbox before each batch
         self.started = {"startup/entered": entered, "startup/ready": time.time()}  # wall-clock, for the start-up line
         self.node = ray.get_runtime_context().get_node_id()
 
     def run(self) -> int:
         """Generate until the trainer says stop; returns the number of batches generated."""
+        if self.start_error is not None:
+            raise CouldNotStart(self.start_error)
         start, batches, paused_s = time.perf_counter(), 0, 0.0
         place = ray.get(self.inbox.place.remote(self.searcher.searcher_id))
         if place is not None:  # an earlier process of this searcher's, or a checkpoint's: go on from there

@@ -15,13 +15,13 @@ only as "restarting"). Two failures are never retried:
   per-sample guard): a restart would run the same code on the same kind of data and fail again,
   so the run ends at once with the searcher's traceback;
 - an exception in the actor's constructor (a missing model, a bad setting): the same; where it
-  is a :class:`tba.errors.UserError` (a vLLM engine that cannot start, say), the run ends as any
-  bad input does, with its one line.
+  is a :class:`tba.errors.UserError` (a vLLM engine that cannot start, say), the actor keeps it
+  and raises it from its first call (:class:`tba.runtime.errors.CouldNotStart`), so that it comes
+  back with its type, and the run ends as any bad input does, with its one line.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,24 +29,9 @@ from collections.abc import Callable
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from tba import errors
-from tba.errors import UserError
-from tba.runtime.errors import SearcherFailed
+from tba.runtime.errors import CouldNotStart, SearcherFailed
 
 _POLL_S = 0.5  # how often a restarting searcher is asked whether it is back
-
-
-def raised_user_error(traceback_text: str) -> UserError | None:
-    """The :class:`tba.errors.UserError` whose traceback Ray carries as text in an actor's start-up
-    failure (Ray keeps the exception's text, not the exception), or None if it was another error."""
-    for line in reversed(traceback_text.splitlines()):
-        found = re.match(r"\s*tba\.errors\.(\w+): (.+)", line)
-        if found:
-            cls = getattr(errors, found.group(1), None)
-            if isinstance(cls, type) and issubclass(cls, UserError):
-                return cls(found.group(2))
-            return None
-    return None
 
 
 class SearcherPool:
@@ -80,16 +65,22 @@ class SearcherPool:
                 self._died(i, err)
                 continue
             except RayError as err:  # the searcher's own exception, with its traceback
-                raise SearcherFailed(f"a searcher failed (searcher {i}); the run stops.\n{err}") from None
+                self._raised(i, err)
             raise SearcherFailed(f"searcher {i} stopped unexpectedly; the run stops")
         for i in list(self.waiting):
             self._poll(i)
 
+    @staticmethod
+    def _raised(i: int, err: RayError) -> None:
+        """Searcher ``i``'s call raised ``err``: bad input met while it started (one line, exit 2, as
+        any bad input), or its own exception (with its traceback)."""
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, CouldNotStart):  # (an engine that cannot start, a model it cannot load)
+            raise type(cause.error)(f"searcher {i} could not start: {cause.error}") from None
+        raise SearcherFailed(f"a searcher failed (searcher {i}); the run stops.\n{err}") from None
+
     def _died(self, i: int, err: RayActorError) -> None:
         if err.actor_init_failed:
-            user_error = raised_user_error(str(err))
-            if user_error is not None:  # bad input (an engine that cannot start, a model): one line, exit 2
-                raise type(user_error)(f"searcher {i} could not start: {user_error}") from None
             raise SearcherFailed(f"a searcher failed (searcher {i}, while starting); the run stops.\n{err}")
         now, deaths = self.clock(), self.deaths[i]
         while deaths and now - deaths[0] > self.window_s:
