@@ -3,7 +3,8 @@
     fill the buffer (watched: a fill that delivers nothing trainable stops the run)
     loop until the last step:
         batch ← source.next(version)         the bounds: the source waits for data
-        record ← trainer.step(batch)          sample → objective → optimizer; publish every k
+        record ← trainer.learn(batch)         sample → objective → optimizer
+        every k steps publish the weights     the searchers load them between batches
         every observer sees (step, record)   evaluation, watches, metrics, checkpoints, display
 
 - a :class:`RolloutSource` hands over scored groups: the sync runtime's searcher in this process,
@@ -145,7 +146,8 @@ def train_loop(
             clock.begin()
             delivery = source.next(trainer.version)
             clock.training(delivery)
-            record = trainer.skip() if delivery.empty else trainer.step(delivery.batch)
+            record = trainer.learn_nothing() if delivery.empty else trainer.learn(delivery.batch)
+            record = trainer.publish_due(record)  # the weights to the searchers, every trainer.sync_interval
             source.stepped()
             clock.stepped()
             record.update(delivery.metrics)

@@ -167,7 +167,14 @@ class Trainer:
             self._synced = self.version
 
     def step(self, batch: Batch | None = None) -> dict[str, float]:
-        """One optimizer step on ``batch``, by default one sampled from the replay buffer."""
+        """One optimizer step on ``batch`` (by default one sampled from the replay buffer), then the
+        publication when due (:meth:`publish_due`): a hand-written loop's step. The runtimes' loop
+        (:func:`tba.runtime.loop.train_loop`) calls :meth:`learn` and publishes itself."""
+        return self.publish_due(self.learn(batch))
+
+    def learn(self, batch: Batch | None = None) -> dict[str, float]:
+        """One optimizer step on ``batch``, by default one sampled from the replay buffer; the
+        version moves on by one. Publishes nothing."""
         start = time.perf_counter()
         self._mark_visible()
         if batch is None:
@@ -192,6 +199,10 @@ class Trainer:
         return self._advance(metrics)
 
     def skip(self) -> dict[str, float]:
+        """:meth:`learn_nothing`, then the publication when due."""
+        return self.publish_due(self.learn_nothing())
+
+    def learn_nothing(self) -> dict[str, float]:
         """A step with nothing to train on (``buffer.fresh_only``: the searcher dropped every group
         of the step, for empty completions or failed rewards, as a policy that only answers with
         the end token makes it do): no update, but the version, the learning-rate schedule and
@@ -211,13 +222,22 @@ class Trainer:
         return self._advance(metrics)
 
     def _advance(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The version moves on by one (a step taken or skipped), publishing every ``sync_interval``."""
+        """The version moves on by one (a step taken or skipped)."""
         self.version += 1
-        if self.version % self.cfg.sync_interval == 0:
-            metrics["train/publish_s"] = self.publish()
         if self._publish_path_s:  # the trainer's path: waits for a publication before the optimizer
-            metrics["train/publish_s"] = metrics.get("train/publish_s", 0.0) + self._publish_path_s
+            metrics["train/publish_s"] = self._publish_path_s
             self._publish_path_s = 0.0
+        return metrics
+
+    def publication_due(self) -> bool:
+        """Whether the current version is one to publish: every ``trainer.sync_interval`` steps."""
+        return self.version % self.cfg.sync_interval == 0
+
+    def publish_due(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Publish the current weights if :meth:`publication_due` (its seconds join
+        ``train/publish_s``), and add the transport's metrics to ``metrics``."""
+        if self.publication_due():
+            metrics["train/publish_s"] = metrics.get("train/publish_s", 0.0) + self.publish()
         metrics.update(self.weights.metrics())  # the transport's (raises what a publisher's thread raised)
         return metrics
 
