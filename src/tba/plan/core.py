@@ -106,6 +106,14 @@ class Plan:
     """What the plan allows but advises against (processes asking for more cores than there are)."""
     min_groups: int = 1
     """Groups the buffer holds before the first step (``buffer.min_groups``; default one batch)."""
+    samples_per_prompt: int = 1
+    """Completions a searcher samples a prompt (``generation.samples_per_prompt``; default ``group_size``)."""
+    max_in_flight: int | None = None
+    """A stream's prompts in its engine (``generation.max_in_flight``; default ``prompts_per_batch``,
+    exactly that in the sync runtime); None: batch generation."""
+    refill: int | None = None
+    """Prompts a stream adds at a time (``generation.refill``; default a quarter of those in flight,
+    all of them in the sync runtime); None: batch generation."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -177,8 +185,10 @@ class Plan:
         band = self.objective
         if needs(self.objective).balance:
             band = "plain TB" if self.trust_region is None else f"TB with the sequence band {self.trust_region:g}"
+        if self.max_in_flight is not None:
+            out.append(f"  stream: {self.max_in_flight} prompt(s) in flight, refilled {self.refill} at a time")
         out.append(
-            f"  generation: {self.stream.replace('_', ' ')}; "
+            f"  generation: {self.stream.replace('_', ' ')}, {self.samples_per_prompt} sample(s) a prompt; "
             f"sampler log-probs: {self.sampler_logprobs.replace('_', ' ')}; "
             f"buffer flat weight {self.flat_weight:g}, first step after {self.min_groups} group(s); {band}; "
             + ("no gradient clipping" if self.grad_clip is None else f"gradient norm clipped at {self.grad_clip:g}")
@@ -225,10 +235,12 @@ def vllm_engines(cfg: Config, device: str, searcher_gpus: float | None, eval_gpu
         "searcher": searcher_gpus if ray_runtime else None,
         "evaluation": eval_gpus if ray_runtime and cfg.eval.async_ else 1.0,
     }
+    eager = settings.enforce_eager if settings.enforce_eager is not None else device_type == "cpu"
     return {
         role: {
             "gpu_memory_utilization": engine_memory_fraction(settings, share),
             "sleep": engine_sleeps(settings, device_type, share),
+            "enforce_eager": eager,  # CUDA graphs on a GPU; on a CPU compiling takes most of a start
         }
         for role, share in shares.items()
     }
@@ -244,6 +256,17 @@ def stream_kind(cfg: Config, device: str, exact: bool) -> str:
     if g.backend == "vllm":
         return "vllm"
     return "hf_continuous" if not exact and g.hf_stream == "continuous" else "hf_refill"
+
+
+def stream_sizes(cfg: Config, stream: str) -> dict[str, int | None]:
+    """A stream's prompts in flight and its refill (the plan's ``max_in_flight`` and ``refill``):
+    in the sync runtime each step's batch, all of it at once; in the ray runtime
+    ``generation.max_in_flight`` (default ``prompts_per_batch``), refilled a quarter at a time."""
+    if stream == "batch":
+        return {"max_in_flight": None, "refill": None}
+    g, exact = cfg.generation, cfg.runtime.type != "ray"
+    in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
+    return {"max_in_flight": in_flight, "refill": g.refill or (in_flight if exact else max(1, in_flight // 4))}
 
 
 def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
@@ -374,6 +397,7 @@ def _plan(cfg: Config, hw: Hardware, why: dict[str, str]) -> Plan:
         # TB's corrections take the sampling pass's; a ratio must start at 1: a second, teacher-forced pass
         logprobs = "sampling_pass" if needs(o).balance else "teacher_forced"
     policy = model_location(cfg.model.policy, cfg)  # (a shipped model's weights are hashed: once)
+    stream = stream_kind(cfg, device, exact=not ray_runtime)
     return Plan(
         hardware=hw,
         device=device,
@@ -384,7 +408,7 @@ def _plan(cfg: Config, hw: Hardware, why: dict[str, str]) -> Plan:
         runtime=r.type,
         objective=o.type,
         transport=weight_transport(r.weight_transport, ray_runtime),
-        stream=stream_kind(cfg, device, exact=not ray_runtime),
+        stream=stream,
         exact_stream=not ray_runtime,
         lag_bound=lag_bound(r, cfg.trainer.sync_interval) if ray_runtime else None,
         extra_lag=r.extra_lag,
@@ -405,4 +429,6 @@ def _plan(cfg: Config, hw: Hardware, why: dict[str, str]) -> Plan:
         replay_window=replay_window(cfg) if ray_runtime else None,
         warnings=(crowded,) if crowded else (),
         min_groups=cfg.buffer.min_groups or cfg.trainer.batch_prompts,
+        samples_per_prompt=g.samples_per_prompt or g.group_size,
+        **stream_sizes(cfg, stream),
     )

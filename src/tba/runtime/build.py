@@ -155,7 +155,7 @@ def make_searcher(
             generator, g.explore_prob, t_range, g.explore_top_p, seed=cfg.run.seed * 1000 + searcher_id
         )
     params = SamplingParams(
-        n=g.samples_per_prompt or g.group_size,
+        n=plan.samples_per_prompt,
         temperature=temperature,
         top_p=top_p,
         max_new_tokens=g.max_new_tokens,
@@ -168,7 +168,7 @@ def make_searcher(
     conversations = make_conversations(cfg.task, tokenizer, eos)  # None for a single-turn task
     if conversations is None and plan.stream != "batch":
         exact = plan.exact_stream  # each step: its batch's prompts, all of them to the end
-        in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
+        in_flight = plan.max_in_flight
         quarter = max(1, in_flight // 4)
         engine = generator.engine if isinstance(generator, LoraEngine) else generator
         stream = open_stream(
@@ -176,7 +176,7 @@ def make_searcher(
             engine if plan.stream == "vllm" else generator,
             params,
             in_flight,
-            refill=g.refill or (in_flight if exact else quarter),
+            refill=plan.refill,
             seed=cfg.run.seed * 1000 + searcher_id,
             loader=generator,
         )
@@ -211,9 +211,7 @@ def make_searcher(
         ref_reset_every=cfg.objective.ref_reset_every if needs(cfg.objective).moves_reference(cfg.objective) else None,
         # the reference pass is cut as the trainer's forward passes are (it holds no activations for
         # a backward pass, so what fits the trainer fits it)
-        ref_micro_batch=t.micro_batch_prompts * (g.samples_per_prompt or g.group_size)
-        if t.micro_batch_prompts
-        else None,
+        ref_micro_batch=t.micro_batch_prompts * plan.samples_per_prompt if t.micro_batch_prompts else None,
         ref_max_tokens=t.micro_batch_tokens,
         ref_packing=t.reference_packing,
         ref_row_tokens=t.packing_row_tokens,
