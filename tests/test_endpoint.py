@@ -83,7 +83,7 @@ def test_a_rollout_is_the_tokens_the_endpoint_answered_with_and_their_log_probs_
     finally:
         convs.close()
     assert any(t.turns == 2 for g in groups for t in g), "a conversation with a message between two replies"
-    assert convs.take_counts()["environment_errors"] == 0 and convs.take_new_errors() == []
+    assert convs.take_counts().environment_errors == 0 and convs.take_new_errors() == []
     rows, completions, answered = [], [], []
     for prompt, ids, group in zip(prompts(2), prompt_ids, groups, strict=True):
         opening = tok.apply_chat_template([dict(m) for m in prompt.messages], add_generation_prompt=True)
@@ -252,7 +252,7 @@ def test_agents_that_break_the_rules_lose_their_rollouts_counted_never_the_batch
     assert failed == [True, True, True, False, False]
     ended = groups[3][0]  # ran out of its budget: kept, unfinished
     assert not ended.finished and 1 <= ended.turns <= 2 and groups[4][0].reward == 1.0
-    assert convs.take_counts()["environment_errors"] == 3
+    assert convs.take_counts().environment_errors == 3
     errors = "\n".join(convs.take_new_errors())
     assert "message 0 differs from the conversation so far" in errors
     assert "returned 'good'" in errors and "RuntimeError: the agent's own bug" in errors

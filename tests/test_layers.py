@@ -50,6 +50,7 @@ LAYERS = {  # module prefix (relative to tba) -> layer; the longest matching pre
     "trainer": 3,
     "evaluation": 3,
     "plan": 3,
+    "conversations": 3,  # the registry of conversation sources, above the packages that hold them
     "runtime": 4,
     "cli": 5,
     "eval_command": 5,
@@ -125,6 +126,26 @@ def test_no_module_holds_more_than_one_idea_worth_of_lines():
     assert long == {}, f"split these by idea: {long}"
     runtime = {name: n for name, n in sizes.items() if name.startswith("runtime/") and n > 400}
     assert runtime == {}, f"split these by idea: {runtime}"
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each top-level part of ``tba`` (a package or a module) and the other parts it imports, at
+    the top of a module or inside a function alike."""
+    edges: dict[str, set[str]] = {}
+    for name, path in modules():
+        part = name.split(".")[0]
+        edges.setdefault(part, set())
+        for imported in imports(path):  # (ast.walk: imports inside functions too)
+            if imported.startswith("tba.") and (target := imported.split(".")[1]) != part:
+                edges[part].add(target)
+    return {part: {t for t in targets if t in edges} for part, targets in edges.items()}
+
+
+def test_no_package_imports_another_that_imports_it_back_not_even_inside_a_function():
+    """Packages of one layer import each other one way only: a lazy import that closes a circle
+    between two packages (generation importing the endpoint, which imports generation) is a layer in
+    disguise, even where no module imports itself."""
+    assert cycles(package_imports()) == []
 
 
 def test_searcher_and_trainer_do_not_import_each_other():
@@ -215,4 +236,5 @@ def test_no_module_imports_itself_through_others():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"generation": {"endpoint"}, "endpoint": {"generation"}}) == [["endpoint", "generation"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

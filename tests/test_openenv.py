@@ -21,9 +21,9 @@ from openenv.core.env_server.types import Action, Observation, State
 from tests.helpers.sources import THREE_STEPS, trained_three_steps
 
 from tba.config import ConfigError, load_config
+from tba.conversations import make_conversations
 from tba.demo.index import SHIPPED_DIR
 from tba.generation.base import SamplingParams
-from tba.generation.multi_turn import make_conversations
 from tba.runtime.async_loop import run_ray
 from tba.runtime.sync_loop import run_sync
 from tba.tools import ToolError
@@ -167,18 +167,18 @@ def test_a_server_that_goes_away_costs_its_conversations_and_a_new_one_serves_ag
     params = SamplingParams(n=2, max_new_tokens=8)
     try:
         _, before = convs.rollout(generator, prompts, params)
-        assert not any(t.failed for g in before for t in g) and convs.take_counts()["environment_errors"] == 0
+        assert not any(t.failed for g in before for t in g) and convs.take_counts().environment_errors == 0
         port = server.port
         server.stop()  # gone: every conversation of the next batch fails to open, counted
         _, gone = convs.rollout(generator, prompts, params)
-        assert all(t.failed for g in gone for t in g) and convs.take_counts()["environment_errors"] == 6
+        assert all(t.failed for g in gone for t in g) and convs.take_counts().environment_errors == 6
         assert "an environment's reset raised" in "\n".join(convs.take_new_errors())
         again = Server(port)  # the server is back where it was: conversations open there again
         try:
             _, after = convs.rollout(generator, prompts, params)
         finally:
             again.stop()
-        assert not any(t.failed for g in after for t in g) and convs.take_counts()["environment_errors"] == 0
+        assert not any(t.failed for g in after for t in g) and convs.take_counts().environment_errors == 0
         assert all(t.reward in (0.0, 1.0) for g in after for t in g if t.finished)
     finally:
         convs.close()

@@ -16,12 +16,12 @@ from tests.helpers.numerics import assert_reordered_close, model_terms
 
 from tba.buffer import ReplayBuffer
 from tba.config import ConfigError, load_config
+from tba.conversations import make_conversations
 from tba.demo import tool_trace
 from tba.environments import ToolEnvironment
 from tba.evaluation import evaluate
 from tba.generation.base import Completion, SamplingParams
-from tba.generation.multi_turn import make_conversations
-from tba.generation.turns import Conversations
+from tba.generation.turns import Conversations, TurnCounts
 from tba.models.logprobs import token_logprobs
 from tba.models.tiny import CALL_CLOSE, CALL_OPEN, build_tiny_llama, build_tool_tokenizer
 from tba.searcher import Searcher
@@ -107,13 +107,7 @@ def test_a_conversation_is_the_models_tokens_and_the_tools_answers_masked(tok):
             assert t.messages[-2] == {"role": "tool", "name": "calculator", "content": calculator(p.text[:-1])}
     # one batched generate per turn: the openings with n=2, then every conversation alone
     assert policy.calls == [(3, 2, 16), (6, 1, 16)]
-    assert turns.take_counts() == {
-        "turns": 12,
-        "tool_calls": 6,
-        "tool_errors": 0,
-        "tool_timeouts": 0,
-        "environment_errors": 0,
-    }
+    assert turns.take_counts() == TurnCounts(turns=12, tool_calls=6)
 
 
 def test_turn_and_token_limits_leave_conversations_unfinished(tok):
@@ -149,12 +143,12 @@ def test_a_failing_environment_drops_its_conversation_and_tool_errors_are_answer
     _, groups = turns.rollout(ScriptedPolicy(tok), prompts, SamplingParams(n=2, max_new_tokens=16))
     assert [t.failed for t in groups[0]] == [True, True] and not any(t.failed for g in groups[1:] for t in g)
     assert all(t.reward == 1.0 and t.finished for g in groups[1:] for t in g)  # the environment's own reward
-    assert turns.take_counts()["environment_errors"] == 2
+    assert turns.take_counts().environment_errors == 2
     # an expression the calculator refuses: the error is the tool's answer, and the model goes on
     turns = _conversations(tok)
     _, [[t]] = turns.rollout(ScriptedPolicy(tok, expression="2**8"), prompts[1:2], SamplingParams(max_new_tokens=16))
     assert "error: " in t.messages[2]["content"] and t.turns == 2 and not t.finished  # answered the error text
-    assert turns.take_counts()["tool_errors"] == 1
+    assert turns.take_counts().tool_errors == 1
 
 
 class Shuffled:

@@ -131,8 +131,8 @@ def r_eos(run_dir) -> set[int]:
 def test_a_rubric_that_raises_costs_its_rollouts_counted_never_the_batch(envs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tba.conversations import make_conversations
     from tba.generation.hf import HFGenerator
-    from tba.generation.multi_turn import make_conversations
     from tba.tasks import build_task
 
     cfg = load_config(None, args(envs, envs.parent, "sync", "single_turn", "--task.env_args={raising: true}"))
@@ -151,7 +151,7 @@ def test_a_rubric_that_raises_costs_its_rollouts_counted_never_the_batch(envs):
     for p, group in zip(prompts, groups, strict=True):
         assert all(t.failed == p.answer.endswith("3") for t in group), p.answer
         assert all(t.failed or t.reward is not None for t in group)
-    assert convs.take_counts()["environment_errors"] == sum(raising)
+    assert convs.take_counts().environment_errors == sum(raising)
     (error,) = convs.take_new_errors()
     assert "rubric function picky raised: ValueError: picky cannot score answers ending in 3" in error
 

@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from tba.config import Config
+from tba.conversations import make_conversations
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.hf import HFGenerator
-from tba.generation.multi_turn import make_conversations
-from tba.generation.turns import Conversations, reply_texts, with_conversation
+from tba.generation.turns import ConversationSource, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.rewards import RewardStats
 from tba.tasks.base import EvalContext, Task
@@ -49,7 +49,7 @@ def evaluate(
     chat_template: bool | None = None,
     eos_ids: set[int] | None = None,
     reference=None,
-    conversations: Conversations | None = None,
+    conversations: ConversationSource | None = None,
 ) -> EvalResult:
     """The task's own evaluation if it has one (``Task.evaluate``), else the generic one; with
     ``conversations`` (tools or an environment), each problem is a whole conversation, scored by its

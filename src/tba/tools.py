@@ -35,6 +35,8 @@ from tba.user_code import call as call_user
 from tba.user_code import load_object
 
 FORMATS = ("hermes", "llama3", "mistral")
+# each format's opening marker, where its calls start in a reply (and in a chat template)
+HERMES_OPEN, HERMES_CLOSE, MISTRAL_OPEN, LLAMA3_OPEN = "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>"
 
 
 class ToolError(UserError, ValueError):
@@ -103,11 +105,11 @@ def tool_call_format(tokenizer) -> str:
             "task.tools: the model's chat template never renders `tools`, so it has no tool-call format; use a "
             "chat model whose template supports tools (e.g. Qwen2.5-0.5B-Instruct)"
         )
-    if "<tool_call>" in template:
+    if HERMES_OPEN in template:
         return "hermes"
-    if "[TOOL_CALLS]" in template:
+    if MISTRAL_OPEN in template:
         return "mistral"
-    if "<|python_tag|>" in template or ('"parameters"' in template and "ipython" in template):
+    if LLAMA3_OPEN in template or ('"parameters"' in template and "ipython" in template):
         return "llama3"
     raise ToolError(
         "task.tools: the chat template renders tools, but its tool-call format is not one tba reads "
@@ -115,7 +117,17 @@ def tool_call_format(tokenizer) -> str:
     )
 
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_HERMES = re.compile(rf"{re.escape(HERMES_OPEN)}\s*(.*?)\s*(?:{re.escape(HERMES_CLOSE)}|$)", re.S)
+# the calls' blocks of every format: what a reply's text is without them
+_BLOCKS = re.compile(
+    rf"{re.escape(HERMES_OPEN)}.*?(?:{re.escape(HERMES_CLOSE)}|$)|{re.escape(MISTRAL_OPEN)}.*|{re.escape(LLAMA3_OPEN)}.*",
+    re.S,
+)
+
+
+def without_tool_calls(text: str) -> str:
+    """``text`` with the tool calls of any format taken out (a reply's content beside its calls)."""
+    return _BLOCKS.sub("", text).strip()
 
 
 def parse_tool_calls(text: str, fmt: str, tools: list[Callable] | None) -> list[ToolCall]:
@@ -159,10 +171,10 @@ def _call_from(obj, key: str) -> ToolCall:
 
 
 def _mistral_calls(text: str) -> list[ToolCall]:
-    at = text.find("[TOOL_CALLS]")
+    at = text.find(MISTRAL_OPEN)
     if at < 0:
         return []
-    body = text[at + len("[TOOL_CALLS]") :].strip()
+    body = text[at + len(MISTRAL_OPEN) :].strip()
     try:
         obj, _ = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as e:
@@ -171,7 +183,7 @@ def _mistral_calls(text: str) -> list[ToolCall]:
 
 
 def _llama3_calls(text: str) -> list[ToolCall]:
-    body = text.split("<|python_tag|>", 1)[1] if "<|python_tag|>" in text else text
+    body = text.split(LLAMA3_OPEN, 1)[1] if LLAMA3_OPEN in text else text
     body = body.strip()
     if not body.startswith("{"):
         return []  # prose: an answer, not a call

@@ -82,4 +82,10 @@ class TaskSection(Section):
     def multi_turn(self) -> bool:
         """Whether conversations have more than the prompt and one reply (tools, an environment or
         an agent)."""
-        return bool(self.tools or self.environment or self.agent)
+        return self.conversation_source is not None
+
+    @property
+    def conversation_source(self) -> str | None:
+        """Which conversations the task's rollouts are (:mod:`tba.conversations`): ``tools``,
+        ``environment`` or ``agent``; None for a prompt and one reply."""
+        return "agent" if self.agent else "tools" if self.tools else "environment" if self.environment else None

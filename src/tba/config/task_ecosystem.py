@@ -124,3 +124,8 @@ class VerifiersTaskConfig(TaskSection):
     @property
     def multi_turn(self) -> bool:
         return True
+
+    @property
+    def conversation_source(self) -> str:
+        """The environment's own rollouts, through the endpoint (:mod:`tba.conversations`)."""
+        return "verifiers"

@@ -28,13 +28,13 @@ from tba.endpoint.book import RolloutBook
 from tba.endpoint.queue import GenerationQueue
 from tba.endpoint.server import Endpoint, require_extras
 from tba.generation.base import Generator, SamplingParams
-from tba.generation.turns import COUNTS, Trajectory
+from tba.generation.turns import ConversationSource, Trajectory, TurnCounts
 from tba.user_code import FirstFailures, describe_exception, resolve
 
 
-class AgentConversations:
-    """The :class:`~tba.generation.turns.Conversations` interface (``rollout``, ``take_counts``,
-    ``take_generate_s``, ``take_new_errors``, ``close``) for conversations an agent drives."""
+class AgentConversations(ConversationSource):
+    """The conversations an agent drives, through the endpoint: a
+    :class:`~tba.generation.turns.ConversationSource`."""
 
     def __init__(
         self,
@@ -57,7 +57,7 @@ class AgentConversations:
         self.generator: Generator | None = None
         self.params: SamplingParams | None = None
         self.endpoint: Endpoint | None = None  # started by the first rollout
-        self.counts = dict.fromkeys(COUNTS, 0)
+        self.counts = TurnCounts()
         self.last_metrics: dict[str, float] = {}  # the latest batch's mean of each metric the agent reported
         self.failures = FirstFailures()  # for errors.log
 
@@ -104,8 +104,8 @@ class AgentConversations:
                 elif not traj.failed and rollout.opening != opening:
                     traj.failed = True  # a group shares its prompt: this agent opened another way
                     self._note(f"{self.name} opened two rollouts of prompt {prompt.id!r} with different messages")
-                self.counts["turns"] += traj.turns
-                self.counts["environment_errors"] += traj.failed
+                self.counts.turns += traj.turns
+                self.counts.environment_errors += traj.failed
                 outs.append(traj)
             prompt_ids.append(opening if opening is not None else [])
             trajectories.append(outs)
@@ -169,8 +169,8 @@ class AgentConversations:
         latest batch."""
         return {f"reward/{key}_mean": value for key, value in self.last_metrics.items()}
 
-    def take_counts(self) -> dict[str, int]:
-        out, self.counts = self.counts, dict.fromkeys(COUNTS, 0)
+    def take_counts(self) -> TurnCounts:
+        out, self.counts = self.counts, TurnCounts()
         return out
 
     def take_generate_s(self) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import re
 import socket
 import threading
 import time
@@ -23,7 +22,7 @@ from tba.endpoint.book import EndpointError, RolloutBook
 from tba.endpoint.queue import GenerationQueue
 from tba.errors import MissingDependency
 from tba.generation.base import Completion, SamplingParams
-from tba.tools import FORMATS, ToolError, parse_tool_calls, tool_call_format
+from tba.tools import FORMATS, ToolError, parse_tool_calls, tool_call_format, without_tool_calls
 
 try:  # at module level: the handlers' annotations are resolved in this module's globals
     from fastapi import FastAPI, Request
@@ -208,7 +207,7 @@ class Endpoint:
             calls = self._tool_calls(out, tools) if tools else []
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
-                message["content"] = _without_calls(text) or None
+                message["content"] = without_tool_calls(text) or None
             choice = {"index": i, "message": message, "finish_reason": finish}
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": self._logprob_list(out)}
@@ -326,10 +325,3 @@ class Endpoint:
             for c in calls
             if c.error is None
         ]
-
-
-_BLOCKS = re.compile(r"<tool_call>.*?(?:</tool_call>|$)|\[TOOL_CALLS\].*|<\|python_tag\|>.*", re.S)
-
-
-def _without_calls(text: str) -> str:
-    return _BLOCKS.sub("", text).strip()

@@ -23,14 +23,56 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from tba.environments import ToolEnvironment, check_step, environment_text
 from tba.generation.base import Completion, Generator, SamplingParams
-from tba.models.loading import chat_ids
+from tba.models.loading import chat_ids, end_of_turn_id
 from tba.tools import ToolError
 from tba.user_code import FirstFailures, call
 
-COUNTS = ("turns", "tool_calls", "tool_errors", "tool_timeouts", "environment_errors")
+
+@dataclass
+class TurnCounts:
+    """What a batch of conversations counted: the model's replies, tool calls and their failures,
+    environment steps that raised."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    environment_errors: int = 0
+
+    def add_tools(self, env: ToolEnvironment) -> None:
+        """A conversation's tool environment's counts (it served that conversation only)."""
+        counts = env.counts()
+        self.tool_calls += counts["calls"]
+        self.tool_errors += counts["errors"]
+        self.tool_timeouts += counts["timeouts"]
+
+
+class ConversationSource(Protocol):
+    """Multi-turn rollouts of a batch of prompts, one conversation per completion: tba's tool loop
+    and environments (:class:`Conversations`), or an agent's through the endpoint
+    (:class:`tba.endpoint.agents.AgentConversations`). :mod:`tba.conversations` builds the one a task
+    config asks for."""
+
+    def rollout(self, generator: Generator, prompts: list, params: SamplingParams) -> tuple[list, list]:
+        """Each prompt's token ids and its ``params.n`` :class:`Trajectory` completions."""
+
+    def take_counts(self) -> TurnCounts:
+        """The counts since the last call."""
+
+    def take_generate_s(self) -> float:
+        """Seconds in the generator's calls since the last call."""
+
+    def take_new_errors(self) -> list[str]:
+        """The first failure of each kind since the last call (for ``errors.log``)."""
+
+    def reward_means(self) -> dict[str, float]:
+        """``reward/<name>_mean`` of what the source scores itself (an agent's rubric)."""
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -95,7 +137,7 @@ class Conversation:
         )
 
 
-class Conversations:
+class Conversations(ConversationSource):
     """Multi-turn rollouts with the environments that ``make_env()`` builds (one per conversation).
 
     ``tools``: the tools' functions, rendered into the prompt by the chat template (for tool use;
@@ -123,7 +165,7 @@ class Conversations:
         self.tools = tools or None
         self.end_text = end_text if end_text is not None else turn_end_text(tokenizer, self.eos_ids)
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tba-environment")
-        self.counts = dict.fromkeys(COUNTS, 0)
+        self.counts = TurnCounts()
         self.generate_s = 0.0  # seconds in the generator's calls (not the environment's steps)
         self.failures = FirstFailures()  # for errors.log
 
@@ -136,7 +178,7 @@ class Conversations:
         openings = list(self.pool.map(self._open, prompts, [n] * len(prompts)))
         prompt_ids = [ids for ids, _ in openings]
         convs = [c for _, group in openings for c in group]
-        self.counts["environment_errors"] += sum(c.failed for c in convs)  # resets that raised
+        self.counts.environment_errors += sum(c.failed for c in convs)  # resets that raised
         opened = [i for i, ids in enumerate(prompt_ids) if ids]  # (a prompt none of whose resets worked: none)
         first = self._generate(generator, [prompt_ids[i] for i in opened], params) if opened else []
         taken = [(out, convs[i * n + j]) for i, group in zip(opened, first, strict=True) for j, out in enumerate(group)]
@@ -204,7 +246,7 @@ class Conversations:
         stepping = []
         for out, conv in zip(outs, convs, strict=True):
             conv.take_reply(out, self.tokenizer, self.eos_ids)
-            self.counts["turns"] += 1
+            self.counts.turns += 1
             if not out.finished:  # cut at max_new_tokens: the conversation cannot go on
                 conv.done = True
                 continue
@@ -213,7 +255,7 @@ class Conversations:
         for conv, result in zip(stepping, self.pool.map(self._step, stepping), strict=True):
             if isinstance(result, Exception):
                 conv.done = conv.failed = True
-                self.counts["environment_errors"] += 1
+                self.counts.environment_errors += 1
                 self._note(result)
                 continue
             new_messages, reward, done = result
@@ -239,8 +281,7 @@ class Conversations:
 
     def _trajectory(self, conv: Conversation, params: SamplingParams) -> Trajectory:
         if isinstance(conv.env, ToolEnvironment):  # its environment served this conversation only
-            for key, value in conv.env.counts().items():
-                self.counts[f"tool_{key}"] += value
+            self.counts.add_tools(conv.env)
         close = getattr(conv.env, "close", None)  # (optional: an environment's session, e.g. OpenEnv's)
         if callable(close):
             try:
@@ -265,10 +306,10 @@ class Conversations:
         """The first failure of each kind of environment step since the last call (for errors.log)."""
         return self.failures.take()
 
-    def take_counts(self) -> dict[str, int]:
+    def take_counts(self) -> TurnCounts:
         """The counts since the last call (turns, tool calls and their errors and timeouts,
         environment steps that raised)."""
-        out, self.counts = self.counts, dict.fromkeys(COUNTS, 0)
+        out, self.counts = self.counts, TurnCounts()
         return out
 
     def close(self) -> None:
@@ -298,19 +339,15 @@ def with_conversation(prompt, out):
 
 
 def turn_end_text(tokenizer, eos_ids: set[int]) -> str:
-    """The end-of-turn token the chat template writes after a reply (``<|im_end|>``), found by
-    rendering one exchange: the first of the end tokens (``eos_ids``) after the reply's text."""
-    probe = "TBA_REPLY_PROBE"
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": probe}], tokenize=False
-    )
-    after = text[text.rfind(probe) + len(probe) :] if probe in text else ""
-    ends = [tokenizer.convert_ids_to_tokens(i) for i in sorted(eos_ids)]
-    found = [(after.find(e), e) for e in ends if e and after.find(e) >= 0]
-    if not found:
+    """The end-of-turn token the chat template writes after a reply (``<|im_end|>``): the template's
+    end of turn (:func:`tba.models.loading.end_of_turn_id`, the one probe of it), which must be one
+    of the end tokens (``eos_ids``) for the model's own replies to end where the template's do."""
+    found = end_of_turn_id(tokenizer)
+    if found is None or found not in eos_ids:
+        ends = [tokenizer.convert_ids_to_tokens(i) for i in sorted(eos_ids)]
         raise ToolError(
             f"the chat template does not end a reply with one of the model's end tokens ({', '.join(map(str, ends))}): "
             "a multi-turn conversation cannot be joined to the tokens the model wrote; add the template's "
             "end-of-turn token to model.eos_tokens"
         )
-    return min(found)[1]
+    return tokenizer.convert_ids_to_tokens(found)

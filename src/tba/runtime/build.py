@@ -12,11 +12,11 @@ import torch
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
 from tba.config import Config
+from tba.conversations import make_conversations
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
-from tba.generation.multi_turn import make_conversations
 from tba.generation.stream import open_stream
 from tba.generation.vllm_backend import AdapterLoraGenerator, LoraEngine, MergedLoraGenerator, VLLMGenerator
 from tba.models.loading import load_causal_lm, load_tokenizer

@@ -9,9 +9,9 @@ import random
 from pathlib import Path
 
 from tba.config import Config, ConfigError
+from tba.conversations import make_conversations
 from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.demo.builtin import build_builtin
-from tba.generation.multi_turn import make_conversations
 from tba.generation.vllm_backend import check_vllm_backend
 from tba.models.loading import check_causal_lm, encode_prompts, eos_ids, generation_config_of, load_tokenizer
 from tba.models.lora import check_lora_config

@@ -23,7 +23,7 @@ import time
 import torch
 
 from tba.generation.base import Generator, SamplingParams
-from tba.generation.turns import Conversations, reply_texts, with_conversation
+from tba.generation.turns import ConversationSource, reply_texts, with_conversation
 from tba.models.loading import encode_prompts
 from tba.models.packing import Passes
 from tba.models.packing_choice import choose_packing
@@ -56,7 +56,7 @@ class Searcher(Resumable):
         reward_timeout: float | None = None,
         ref_packing: bool = False,
         ref_row_tokens: int | str = "auto",
-        conversations: Conversations | None = None,
+        conversations: ConversationSource | None = None,
     ):
         self.task = task
         self.conversations = conversations  # multi-turn rollouts (task.tools or task.environment)
@@ -138,8 +138,7 @@ class Searcher(Resumable):
         if self.conversations is not None:
             prompt_ids, outputs = self.conversations.rollout(self.generator, prompts, self.params)
             self.engine_s += self.conversations.take_generate_s()
-            for key, value in self.conversations.take_counts().items():
-                setattr(self.stats, key, getattr(self.stats, key) + value)
+            self.stats.add_turns(self.conversations.take_counts())
         else:
             prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template)
             start = time.perf_counter()

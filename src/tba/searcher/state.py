@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tba.generation.explore import ExploringGenerator
+from tba.generation.turns import TurnCounts
 
 
 @dataclass
@@ -23,6 +24,14 @@ class SearcherStats:
     tool_errors: int = 0  # calls that could not be read, or raised
     tool_timeouts: int = 0  # calls past task.tool_timeout
     environment_errors: int = 0  # conversations dropped because their environment raised
+
+    def add_turns(self, counts: TurnCounts) -> None:
+        """A batch of conversations' counts (multi-turn rollouts)."""
+        self.turns += counts.turns
+        self.tool_calls += counts.tool_calls
+        self.tool_errors += counts.tool_errors
+        self.tool_timeouts += counts.tool_timeouts
+        self.environment_errors += counts.environment_errors
 
 
 class Resumable:
