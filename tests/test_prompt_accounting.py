@@ -26,7 +26,7 @@ from tba.config import load_config
 from tba.metrics import read_metrics
 from tba.runtime.ledger import PromptLedger
 from tba.runtime.preflight import prepare_task
-from tba.types import RolloutGroup
+from tba.types import RolloutGroup, SearcherReport
 
 ROWS = 10  # an epoch: each searcher goes through several in a run
 
@@ -75,8 +75,8 @@ def group(searcher: int, draw: int) -> RolloutGroup:
 def test_the_ledger_counts_each_draw_once_and_finds_gaps_and_repeats():
     ledger = PromptLedger()
     place = lambda drawn, in_flight=0: {"drawn": drawn, "in_flight": in_flight}  # noqa: E731
-    ledger.record([group(0, 0), group(0, 1), group(1, 0)], {0: {"place": place(3), "dropped_draws": [2]}})
-    ledger.record([group(1, 2)], {1: {"place": place(4, in_flight=1), "dropped_draws": []}})
+    ledger.record([group(0, 0), group(0, 1), group(1, 0)], {0: SearcherReport(0, {}, place(3), [2])})
+    ledger.record([group(1, 2)], {1: SearcherReport(1, {}, place(4, in_flight=1), [])})
     assert ledger.metrics() == {
         "prompts/drawn": 7.0,
         "prompts/delivered": 4.0,

@@ -26,6 +26,7 @@ from tests.helpers.states import random_state
 
 from tba.runtime.inbox import Inbox
 from tba.searcher.counters import declared
+from tba.types import SearcherReport
 from tba.weights import BackgroundPublisher
 from tba.weights.layout import Layout
 from tba.weights.ray.board import ObjectStoreReceiver, ObjectStoreSender
@@ -341,17 +342,17 @@ def test_ipc_delivers_exact_weights_through_shared_slots_and_never_overwrites_a_
 
 def test_the_inbox_pauses_searchers_that_run_ahead_of_what_the_trainer_draws(ray_local):
     inbox = Inbox.remote(max_ahead=8)  # runtime.max_ahead=1 at 8 prompts a step
-    stats = {"incarnation": "a"}
+    report = SearcherReport(0, {}, incarnation="a")
     assert not ray.get(inbox.ahead.remote())
-    assert ray.get(inbox.put.remote(0, ["g"] * 6, stats, []))
+    assert ray.get(inbox.put.remote(["g"] * 6, report, []))
     assert not ray.get(inbox.ahead.remote())  # 6 waiting to be drawn: below 8
-    ray.get(inbox.put.remote(1, ["g"] * 4, {"incarnation": "b"}, []))
+    ray.get(inbox.put.remote(["g"] * 4, SearcherReport(1, {}, incarnation="b"), []))
     assert ray.get(inbox.ahead.remote())  # 10
     groups, _, _ = ray.get(inbox.drain.remote(0))  # in the buffer now, but not drawn yet
     assert len(groups) == 10 and ray.get(inbox.ahead.remote())
     ray.get(inbox.drain.remote(8))  # the trainer took a step of 8
     assert not ray.get(inbox.ahead.remote())  # 2 ahead
-    ray.get(inbox.put.remote(0, ["g"] * 6, stats, []))
+    ray.get(inbox.put.remote(["g"] * 6, report, []))
     assert ray.get(inbox.ahead.remote())  # exactly 8 ahead: pause
     # unless the trainer waits for the searchers (the lag bound waits for data with newer weights,
     # which a paused searcher would never make)

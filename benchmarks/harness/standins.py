@@ -21,7 +21,7 @@ def stand_in_searcher(batch_s: float, tokens: int, load_s: float):
 
     from tba.config import build_config
     from tba.searcher.counters import COUNTERS
-    from tba.types import RolloutGroup
+    from tba.types import RolloutGroup, SearcherReport
     from tba.weights.ray.channel import channel_receiver
 
     @ray.remote
@@ -36,7 +36,7 @@ def stand_in_searcher(batch_s: float, tokens: int, load_s: float):
             self.version, self.rng = -1, random.Random(searcher_id)
             self.completions = [[self.rng.randrange(3, 100) for _ in range(tokens)] for _ in range(self.k)]
             self.capped = cfg.runtime.max_ahead is not None
-            self.started = {"startup/entered": entered, "startup/ready": time.time()}
+            self.started = {"entered": entered, "ready": time.time()}
             self.node = ray.get_runtime_context().get_node_id()
 
         def run(self) -> int:
@@ -70,25 +70,29 @@ def stand_in_searcher(batch_s: float, tokens: int, load_s: float):
                 batches += 1
                 drawn += self.prompts
                 done += self.prompts * self.k
-                self.started.setdefault("startup/first_batch", time.time())
-                stats = {c.key: 0.0 for c in COUNTERS if not c.optional}
-                stats.update(
+                self.started.setdefault("first_batch", time.time())
+                metrics = {c.key: 0.0 for c in COUNTERS if not c.optional}
+                metrics.update(
                     {
                         "searcher/completions": float(done),
                         "searcher/version": float(self.version),
-                        "searcher/oldest_version": float(self.version),
                         "searcher/reward_mean": 0.5,
                         "weights/fetch_s": fetch_s,
                         "weights/load_s": load_s,
                         "tokens": float(done * tokens),
                         "elapsed_s": time.perf_counter() - start,
-                        **self.started,
-                        "node": self.node,
-                        "incarnation": self.incarnation,
-                        "place": {"drawn": drawn, "in_flight": 0},
                     }
                 )
-                if not ray.get(self.inbox.put.remote(self.id, groups, stats, [])):
+                report = SearcherReport(
+                    self.id,
+                    metrics,
+                    place={"drawn": drawn, "in_flight": 0},
+                    oldest_version=self.version,
+                    incarnation=self.incarnation,
+                    node=self.node,
+                    started=dict(self.started),
+                )
+                if not ray.get(self.inbox.put.remote(groups, report, [])):
                     return batches
                 while self.capped and ray.get(self.inbox.ahead.remote()):
                     time.sleep(0.02)

@@ -132,3 +132,19 @@ class EvalSettings:
 class EvalResult:
     metrics: dict[str, float]  # eval/<name> -> value
     samples: list[dict] = field(default_factory=list)  # records for samples.jsonl
+
+
+@dataclass
+class SearcherReport:
+    """What a searcher sends with each batch beside its groups: its counters (``metrics``, declared
+    in :mod:`tba.searcher.counters`, the run's metrics combine them) apart from what the trainer's
+    side runs the run with (the lag bound, the prompt ledger, restarts, the start-up line)."""
+
+    searcher_id: int
+    metrics: dict[str, float]
+    place: dict | None = None  # where it is in its prompts (tba.searcher.state.Resumable.place)
+    dropped_draws: list[int] = field(default_factory=list)  # draws of groups dropped since the last report
+    oldest_version: int = -1  # the oldest weights a group it sends from now on can start from
+    incarnation: str = ""  # its process: a restarted searcher is a new incarnation
+    node: str = ""  # the Ray node it runs on
+    started: dict[str, float] = field(default_factory=dict)  # wall-clock: entered, ready, first_batch

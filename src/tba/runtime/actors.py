@@ -59,7 +59,7 @@ class SearcherWorker:
             self.start_error = err
             return
         self.capped = plan.max_ahead is not None  # runtime.max_ahead: ask the inbox before each batch
-        self.started = {"startup/entered": entered, "startup/ready": time.time()}  # wall-clock, for the start-up line
+        self.started = {"entered": entered, "ready": time.time()}  # wall-clock, for the start-up line
         self.node = ray.get_runtime_context().get_node_id()
 
     def run(self) -> int:
@@ -73,20 +73,18 @@ class SearcherWorker:
         while True:
             groups = self.searcher.step()
             batches += 1
-            self.started.setdefault("startup/first_batch", time.time())
-            s = self.searcher.stats
-            stats = {
-                **self.searcher.metrics(),
-                "tokens": s.tokens,
-                "elapsed_s": time.perf_counter() - start,
-                "searcher/paused_s": paused_s,
-                **self.started,
-                "node": self.node,
-                "incarnation": self.incarnation,
-                **self.searcher.report(),
-            }
+            self.started.setdefault("first_batch", time.time())
+            report = self.searcher.report()
+            report.metrics.update(
+                {
+                    "tokens": self.searcher.stats.tokens,
+                    "elapsed_s": time.perf_counter() - start,
+                    "searcher/paused_s": paused_s,
+                }
+            )
+            report.incarnation, report.node, report.started = self.incarnation, self.node, dict(self.started)
             errors = self.searcher.new_errors()
-            if not ray.get(self.inbox.put.remote(self.searcher.searcher_id, groups, stats, errors)):
+            if not ray.get(self.inbox.put.remote(groups, report, errors)):
                 return batches
             waited = time.perf_counter()
             while self.capped and ray.get(self.inbox.ahead.remote()):  # the trainer has enough to draw

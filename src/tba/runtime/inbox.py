@@ -4,9 +4,12 @@ bring what their own classes need when they arrive)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ray
 
 from tba.searcher.counters import carried_counts
+from tba.types import SearcherReport
 
 
 @ray.remote(num_cpus=0)
@@ -15,7 +18,7 @@ class Inbox:
 
     def __init__(self, max_ahead: int | None = None) -> None:
         self.groups: list = []
-        self.stats: dict[int, dict] = {}
+        self.reports: dict[int, SearcherReport] = {}  # each searcher's latest
         self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
         self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
         self.places: dict[int, dict] = {}  # a resumed run's (:meth:`resume_places`)
@@ -26,15 +29,17 @@ class Inbox:
         self.trainer_waiting = False
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def put(self, searcher_id: int, groups: list, stats: dict, errors: list[str]) -> bool:
+    def put(self, groups: list, report: SearcherReport, errors: list[str]) -> bool:
+        i = report.searcher_id
         self.groups.extend(groups)
         self.arrived += len(groups)
-        self.dropped.setdefault(searcher_id, []).extend(stats.pop("dropped_draws", ()))
-        last = self.stats.get(searcher_id)
-        if last is not None and last["incarnation"] != stats["incarnation"]:  # a restarted searcher
-            self.carried[searcher_id] = carried_counts(last)  # (its streams' prompts in flight are lost)
-        carried = self.carried.get(searcher_id, {})
-        self.stats[searcher_id] = {**stats, **{k: stats.get(k, 0.0) + v for k, v in carried.items()}}
+        self.dropped.setdefault(i, []).extend(report.dropped_draws)
+        last = self.reports.get(i)
+        if last is not None and last.incarnation != report.incarnation:  # a restarted searcher
+            self.carried[i] = carried_counts(last.metrics)  # (its streams' prompts in flight are lost)
+        carried = self.carried.get(i, {})
+        metrics = {**report.metrics, **{k: report.metrics.get(k, 0.0) + v for k, v in carried.items()}}
+        self.reports[i] = dataclasses.replace(report, metrics=metrics, dropped_draws=[])
         self.errors.extend(errors)
         return self.running  # False tells the searcher to stop
 
@@ -51,12 +56,15 @@ class Inbox:
     def place(self, searcher_id: int) -> dict | None:
         """Where searcher ``searcher_id`` goes on from (:meth:`tba.searcher.base.Searcher.place`): its
         latest put's, else a resumed run's checkpoint's; None for a searcher that starts afresh."""
-        last = self.stats.get(searcher_id)
-        return last["place"] if last is not None and "place" in last else self.places.get(searcher_id)
+        last = self.reports.get(searcher_id)
+        return last.place if last is not None and last.place is not None else self.places.get(searcher_id)
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def drain(self, consumed: int | None = None, waiting: bool = False) -> tuple[list, dict[int, dict], list[str]]:
-        """Everything that arrived; ``consumed``: the groups the trainer has drawn so far (this run);
+    def drain(
+        self, consumed: int | None = None, waiting: bool = False
+    ) -> tuple[list, dict[int, SearcherReport], list[str]]:
+        """Everything that arrived, and each searcher's latest report with the draws it dropped
+        since the last drain; ``consumed``: the groups the trainer has drawn so far (this run);
         ``waiting``: the trainer waits for searchers (for data, or for newer weights in their data
         under the lag bound), so none may pause."""
         if consumed is not None:
@@ -65,8 +73,8 @@ class Inbox:
         groups, self.groups = self.groups, []
         errors, self.errors = self.errors, []
         dropped, self.dropped = self.dropped, {}
-        stats = {i: {**s, "dropped_draws": dropped.get(i, [])} for i, s in self.stats.items()}
-        return groups, stats, errors
+        reports = {i: dataclasses.replace(r, dropped_draws=dropped.get(i, [])) for i, r in self.reports.items()}
+        return groups, reports, errors
 
     @ray.method(enable_task_events=False)  # polled by a paused searcher
     def ahead(self) -> bool:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tba.types import SearcherReport
+
 
 def _ranges(values: set[int]) -> list[list[int]]:
     """``values`` as sorted [start, end) ranges (the checkpoint's form: short for contiguous draws)."""
@@ -63,20 +65,20 @@ class PromptLedger:
     def __init__(self) -> None:
         self.accounts: dict[int, SearcherAccount] = {}
 
-    def record(self, groups: list, reports: dict[int, dict]) -> None:
-        """What arrived: ``groups`` (any searcher's), and each searcher's report (its stats as the
-        inbox hands them over): the draws it ``dropped_draws`` since its previous report, and its
-        ``place`` after them (:meth:`tba.searcher.base.Searcher.place`)."""
+    def record(self, groups: list, reports: dict[int, SearcherReport]) -> None:
+        """What arrived: ``groups`` (any searcher's), and each searcher's report as the inbox hands
+        it over: the draws it dropped since its previous report, and its place after them
+        (:meth:`tba.searcher.base.Searcher.place`)."""
         for g in groups:
             if g.draw is not None:
                 a = self.accounts.setdefault(g.searcher_id, SearcherAccount())
                 a.note(g.draw, a.delivered)
         for i, report in reports.items():
             a = self.accounts.setdefault(i, SearcherAccount())
-            for draw in report.get("dropped_draws", ()):
+            for draw in report.dropped_draws:
                 a.note(draw, a.dropped)
-            if report.get("place") is not None:
-                a.place = report["place"]
+            if report.place is not None:
+                a.place = report.place
 
     def places(self) -> dict[int, dict]:
         """Each searcher's latest place: where a resumed run's searchers go on from."""

@@ -23,6 +23,7 @@ from tba.runtime.fill import Fill
 from tba.runtime.loop import Delivery
 from tba.runtime.report import log_errors
 from tba.searcher.counters import combine
+from tba.types import SearcherReport
 
 
 class LocalSource:
@@ -36,16 +37,16 @@ class LocalSource:
         searcher = self.c.searcher
         groups = searcher.step()
         report = searcher.report()
-        dropped = len(report["dropped_draws"])
         self.c.ledger.record(groups, {searcher.searcher_id: report})
         log_errors(self.run_dir, searcher.new_errors())
-        return groups, dropped
+        self.report = report
+        return groups, len(report.dropped_draws)
 
     def fill(self, fill: Fill) -> None:
         while not fill.ready():
             groups, dropped = self._search()
             self.c.trainer.ingest(groups)
-            fill.observe(len(groups), dropped, self.c.searcher.metrics())
+            fill.observe(len(groups), dropped, self.report.metrics)
 
     def next(self, version: int) -> Delivery:
         start = time.perf_counter()
@@ -80,29 +81,32 @@ class InboxSource:
         the run's :class:`tba.runtime.startup.StartUp`, marked at the fill's end and the first step."""
         self.c, self.inbox, self.pool, self.run_dir, self.gate = c, inbox, pool, run_dir, gate
         self.batch_prompts, self.startup, self.log = batch_prompts, startup, log
-        self.stats: dict[int, dict] = {}  # each searcher's latest report
+        self.reports: dict[int, SearcherReport] = {}  # each searcher's latest
         self.first = c.trainer.version  # (a resumed run's: the inbox counts from its start)
         self.starved = Starvation()
 
     def _drain(self, consumed: int | None = None, waiting: bool = False) -> tuple[int, int]:
         """Take what arrived into the buffer; the groups taken and the prompts the searchers dropped."""
-        groups, stats, errors = ray.get(self.inbox.drain.remote(consumed, waiting))
-        dropped = sum(len(s.get("dropped_draws", ())) for s in stats.values())
-        self.c.ledger.record(groups, stats)
+        groups, reports, errors = ray.get(self.inbox.drain.remote(consumed, waiting))
+        self.c.ledger.record(groups, reports)
         self.c.trainer.ingest(groups)
         self.gate.add_arrivals(sum(g.size for g in groups))
         log_errors(self.run_dir, errors)
-        self.stats = stats or self.stats
-        return len(groups), dropped
+        self.reports = reports or self.reports
+        return len(groups), sum(len(r.dropped_draws) for r in reports.values())
+
+    def _counters(self) -> dict[str, float]:
+        """The run's figures from every searcher's latest counters (:func:`tba.searcher.counters.combine`)."""
+        return combine([r.metrics for r in self.reports.values()])
 
     def fill(self, fill: Fill) -> None:
         while not fill.ready():
             self.pool.check()
             groups, dropped = self._drain(waiting=True)
-            fill.observe(groups, dropped, combine(list(self.stats.values())))
+            fill.observe(groups, dropped, self._counters())
             time.sleep(0.05)
         self.startup.mark("waiting for the first batch")
-        self.startup.searcher(self.stats)
+        self.startup.searcher(self.reports)
 
     def next(self, version: int) -> Delivery:
         consumed = (version - self.first) * self.batch_prompts  # what searchers may run ahead of (runtime.max_ahead)
@@ -111,7 +115,7 @@ class InboxSource:
         wait_start = time.perf_counter()
         self.starved.begin(wait_start, self.gate.arrived, self._generated())
         # the bounds: wait for data; a restarting searcher (None) does not count
-        while self.gate.blocked(version, [v for v in self._versions("searcher/oldest_version") if v is not None]):
+        while self.gate.blocked(version, [v for v in self._versions(oldest=True) if v is not None]):
             time.sleep(0.02)
             self.pool.check()
             self._drain(consumed, waiting=True)
@@ -128,17 +132,21 @@ class InboxSource:
 
     def _generated(self) -> float:
         """Completions the searchers have generated so far (kept or dropped), by their latest reports."""
-        return sum(s["searcher/completions"] for s in self.stats.values())
+        return sum(r.metrics["searcher/completions"] for r in self.reports.values())
 
-    def _versions(self, key: str = "searcher/version") -> list[int | None]:
-        """The weight version each searcher holds, by its latest report (``searcher/oldest_version``:
-        the oldest a group it sends from now on can start from); None while it restarts."""
-        pool, stats = self.pool, self.stats
-        return [None if i in pool.waiting else int(stats[i][key]) for i in sorted({*stats, *pool.waiting})]
+    def _versions(self, oldest: bool = False) -> list[int | None]:
+        """The weight version each searcher holds, by its latest report (``oldest``: the oldest a
+        group it sends from now on can start from); None while it restarts."""
+        pool, reports = self.pool, self.reports
+
+        def version(r: SearcherReport) -> int:
+            return r.oldest_version if oldest else int(r.metrics["searcher/version"])
+
+        return [None if i in pool.waiting else version(reports[i]) for i in sorted({*reports, *pool.waiting})]
 
     def metrics(self) -> dict[str, float]:
         return {
-            **combine(list(self.stats.values())),  # every searcher's counters (tba.searcher.counters)
+            **self._counters(),  # every searcher's counters (tba.searcher.counters)
             **self.c.ledger.metrics(),
             "searcher/restarts": float(self.pool.restarts),
         }
@@ -148,7 +156,7 @@ class InboxSource:
 
     def summary(self) -> dict:
         return {
-            "searcher_nodes": sorted({s["node"] for s in self.stats.values()}),
+            "searcher_nodes": sorted({r.node for r in self.reports.values()}),
             "searcher_restarts": self.pool.restarts,
             "replay_ratio": round(self.gate.trained / max(self.gate.arrived, 1), 4),  # over the whole run
             "startup_s": self.startup.summary(),

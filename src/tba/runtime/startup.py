@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from tba.types import SearcherReport
+
 
 class StartUp:
     """The seconds from the start of a run to its first trainer step, by phase, in order; and from
@@ -26,13 +28,13 @@ class StartUp:
         self.created = now if phase == "starting searchers" else self.created
         self.done = phase == "first step"
 
-    def searcher(self, stats: dict[int, dict]) -> None:
+    def searcher(self, reports: dict[int, SearcherReport]) -> None:
         """The searcher side, from the stats of the searcher that delivered first (same machine's clock)."""
-        first = [s for s in stats.values() if "startup/first_batch" in s]
+        first = [r.started for r in reports.values() if "first_batch" in r.started]
         if not first or self.created is None:
             return
-        s = min(first, key=lambda s: s["startup/first_batch"])
-        times = (self.created, s["startup/entered"], s["startup/ready"], s["startup/first_batch"])
+        s = min(first, key=lambda s: s["first_batch"])
+        times = (self.created, s["entered"], s["ready"], s["first_batch"])
         names = ("process and imports", "models", "first batch")
         spans = zip(names, times[:-1], times[1:], strict=True)
         self.searcher_phases = {n: round(max(0.0, b - a), 3) for n, a, b in spans}

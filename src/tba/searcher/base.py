@@ -307,7 +307,6 @@ class Searcher(Resumable):
             "searcher/reward_timeouts": float(s.reward_timeouts),
             "searcher/engine_busy": self.engine_s / (time.perf_counter() - self.started) if self.started else 0.0,
             "searcher/version": float(self.version),
-            "searcher/oldest_version": float(self.oldest_version()),
             "searcher/reference_tokens_per_s": self.ref_tokens / self.ref_s if self.ref_s else 0.0,
             "searcher/reward_mean": self.last_reward_mean,
             "weights/fetch_s": self.fetch_s,

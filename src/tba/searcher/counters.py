@@ -37,7 +37,6 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("searcher/no_reward", "sum", cumulative=True),
     Counter("searcher/engine_busy", "mean"),
     Counter("searcher/version", "min", run_key="searcher/version_min"),
-    Counter("searcher/oldest_version", None),  # the lag bound reads it per searcher
     Counter("searcher/reference_tokens_per_s", "sum"),
     Counter("searcher/reward_mean", "finite_mean"),
     Counter("weights/fetch_s", "max"),  # the slowest searcher's latest weight update

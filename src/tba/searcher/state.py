@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 from tba.generation.explore import ExploringGenerator
 from tba.generation.turns import TurnCounts
+from tba.types import SearcherReport
 
 
 @dataclass
@@ -56,11 +57,14 @@ class Resumable:
             "in_flight": self.in_flight(),
         }
 
-    def report(self) -> dict:
-        """What the trainer's prompt ledger takes from each batch (:mod:`tba.runtime.ledger`): the
-        :meth:`place` after it, and the draws dropped since the last report (taken)."""
+    def report(self) -> SearcherReport:
+        """What the trainer's side takes from each batch besides its groups: the counters, the
+        :meth:`place` after it and the draws dropped since the last report (taken), for the prompt
+        ledger (:mod:`tba.runtime.ledger`), and the oldest version it sends from now on."""
         dropped, self.dropped_draws = self.dropped_draws, []
-        return {"place": self.place(), "dropped_draws": dropped}
+        return SearcherReport(
+            self.searcher_id, self.metrics(), self.place(), dropped, oldest_version=self.oldest_version()
+        )
 
     def resume_place(self, place: dict) -> None:
         """Continue from a :meth:`place` of this searcher's earlier process (or of a checkpoint)."""
