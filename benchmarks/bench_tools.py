@@ -14,7 +14,7 @@ the task's 256 held-out problems (products of numbers of up to three digits):
   its answer, as if it multiplied by itself.
 
 The slow-tool part trains the same steps in both runtimes, at each ``--workers`` (threads that run
-one turn's tool calls at once), with ``tba.tasks.slow_tools:calculator`` (each
+one turn's tool calls at once), with ``benchmarks/fixtures/slow_tools.py:calculator`` (each
 call sleeps 0.2 s): the sync runtime waits for the tools, then trains; the ray runtime's searcher
 waits for them while the trainer trains. Printed: wall-clock, trainer steps per second, the ratio.
 Results go to ``--out`` (``results.json`` and ``results.md``).
@@ -30,7 +30,7 @@ from pathlib import Path
 from harness import ROOT, describe_machine, print_machine, tba, train
 
 CONFIG = ROOT / "configs" / "tools.yaml"
-SLOW = "--task.tools=[tba.tasks.slow_tools:calculator]"
+SLOW = f"--task.tools=[{ROOT / 'benchmarks' / 'fixtures' / 'slow_tools.py'}:calculator]"
 
 
 def train_run(out: Path, name: str, runtime: str, steps: int, extra: list[str]) -> dict:

@@ -252,7 +252,9 @@ def project() -> None:
     import tempfile
 
     from tba.config import load_config
-    from tba.plan.layout import candidates, described, model_shape, sync_prediction
+    from tba.plan.layout import candidates, sync_prediction
+    from tba.plan.machines import described
+    from tba.plan.shape import model_shape
 
     print(row(["setting", "machine", "split (auto)", "s/step", "bound", "busy", "runner-up", "sync s/step", "vs sync"]))
     print(rule("lllrlrlrr"))

@@ -22,7 +22,7 @@ from tba.config import Config, ConfigError, dump_config, load_config
 from tba.config_reference import keys, reference_markdown, task_classes
 from tba.eval_command import parse_args as parse_eval_args
 from tba.plan import Hardware, make_plan
-from tba.plan.layout import described
+from tba.plan.machines import described
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]

@@ -14,7 +14,9 @@ from tba.config import ConfigError, load_config
 from tba.hardware import Hardware
 from tba.plan import make_plan, plan_run
 from tba.plan.cost import Layout, StepParts, Workload, decode_step_s, gpu_parts, parts, predict, train_mfu
-from tba.plan.layout import candidates, described, model_shape
+from tba.plan.layout import candidates
+from tba.plan.machines import described
+from tba.plan.shape import model_shape
 
 # Qwen2.5's published shapes: 494,032,768 and 7,615,616,512 parameters
 QWEN_05B = {
@@ -276,3 +278,17 @@ def test_a_described_machine_is_checked():
     for bad in ("8xh100,gpus=2", "0xh100", "h100x8", "8xh100,fast"):
         with pytest.raises(ConfigError, match="is not a machine"):
             described(bad)
+
+
+def test_every_transport_names_its_parts_in_the_cost_model():
+    from tba.plan.cost import parts
+    from tba.weights.transports import TRANSPORTS, transport
+
+    assert all(t.cost_parts in parts()["weights"] for t in TRANSPORTS.values())
+    # gloo's broadcast goes through host memory, as the object store does (not measured apart on a GPU)
+    assert [transport(n).cost_parts for n in ("in_process", "object_store", "broadcast", "ipc")] == [
+        "in_process",
+        "object_store",
+        "object_store",
+        "ipc",
+    ]

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if print_plan:  # the decisions tba train would take here, before anything loads
         from tba.plan import plan_run
-        from tba.plan.layout import described
+        from tba.plan.machines import described
 
         try:
             hardware = described(machines[-1].split("=", 1)[1]) if machines else None

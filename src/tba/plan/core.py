@@ -24,17 +24,15 @@ from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
 from tba.objectives.needs import needs
 from tba.plan.auto import (
-    engine_memory_fraction,
-    engine_sleeps,
     flat_weight,
     grad_clip,
     lag_bound,
     needs_sampler_logps,
     replay_window,
     stale_by_design,
-    streams,
     tb_trust_region,
 )
+from tba.plan.generation import stream_kind, stream_sizes, vllm_engines
 from tba.plan.layout import resolve as resolve_layout
 from tba.plan.placement import (
     actor_gpu_shares,
@@ -221,52 +219,6 @@ def model_location(name: str, cfg: Config) -> str:
 
     warm = builtin_setting(name, cfg)
     return name if warm is None else str(builtin_location(name, warm, cfg.model.cache_dir))
-
-
-def vllm_engines(cfg: Config, device: str, searcher_gpus: float | None, eval_gpus: float | None) -> dict[str, dict]:
-    """Each vLLM engine's memory and sleep by role, from its process's share of a GPU: a searcher's
-    (``searcher_gpus`` in the ray runtime; in the sync runtime it shares the trainer's process and
-    GPU), an evaluation's (the evaluation actor's ``eval_gpus``; ``tba eval``: a whole GPU)."""
-    if cfg.generation.backend != "vllm":
-        return {}
-    settings, ray_runtime = cfg.generation.vllm, cfg.runtime.type == "ray"
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
-    shares = {
-        "searcher": searcher_gpus if ray_runtime else None,
-        "evaluation": eval_gpus if ray_runtime and cfg.eval.async_ else 1.0,
-    }
-    eager = settings.enforce_eager if settings.enforce_eager is not None else device_type == "cpu"
-    return {
-        role: {
-            "gpu_memory_utilization": engine_memory_fraction(settings, share),
-            "sleep": engine_sleeps(settings, device_type, share),
-            "enforce_eager": eager,  # CUDA graphs on a GPU; on a CPU compiling takes most of a start
-        }
-        for role, share in shares.items()
-    }
-
-
-def stream_kind(cfg: Config, device: str, exact: bool) -> str:
-    """The searcher's generation: ``batch``, or the stream it runs (``vllm``, ``hf_continuous``,
-    ``hf_refill``; ``exact``: the plan's ``exact_stream``); HF's continuous batching may still fall
-    back to refills when the model cannot serve it (said when the searcher is built)."""
-    g = cfg.generation
-    if cfg.task.multi_turn or not streams(g, cfg.runtime.type, "cuda" if device.startswith("cuda") else "cpu"):
-        return "batch"
-    if g.backend == "vllm":
-        return "vllm"
-    return "hf_continuous" if not exact and g.hf_stream == "continuous" else "hf_refill"
-
-
-def stream_sizes(cfg: Config, stream: str) -> dict[str, int | None]:
-    """A stream's prompts in flight and its refill (the plan's ``max_in_flight`` and ``refill``):
-    in the sync runtime each step's batch, all of it at once; in the ray runtime
-    ``generation.max_in_flight`` (default ``prompts_per_batch``), refilled a quarter at a time."""
-    if stream == "batch":
-        return {"max_in_flight": None, "refill": None}
-    g, exact = cfg.generation, cfg.runtime.type != "ray"
-    in_flight = g.prompts_per_batch if exact else g.max_in_flight or g.prompts_per_batch
-    return {"max_in_flight": in_flight, "refill": g.refill or (in_flight if exact else max(1, in_flight // 4))}
 
 
 def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:

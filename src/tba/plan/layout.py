@@ -11,12 +11,10 @@ one rank (the sync runtime generates in the trainer's process anyway).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from tba.config import Config, ConfigError
+from tba.config import Config, with_values
 from tba.hardware import Hardware
 from tba.plan.auto import lag_bound
 from tba.plan.cost import (
@@ -25,11 +23,12 @@ from tba.plan.cost import (
     Workload,
     gpu_kind,
     gpu_parts,
-    parts,
     predict,
     searchers_fit,
     trainer_fits,
 )
+from tba.plan.shape import model_shape, size
+from tba.weights.transports import transport, weight_transport
 
 PROMPT_TOKENS = 128
 """The prompt length the split assumes (prompts are not read before the plan)."""
@@ -49,40 +48,6 @@ class Candidate:
         return f"{self.ranks} rank(s) + {self.searchers} searcher(s){share}: {self.prediction.describe()}"
 
 
-def model_shape(path: str) -> tuple[float, int] | None:
-    """(parameters, layers) of the model at ``path`` from its ``config.json`` (a folder, or a hub
-    id already in the Hugging Face cache), computed from the shapes; None where there is none."""
-    config = Path(path).expanduser() / "config.json"
-    if not config.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(path, "config.json")
-        except Exception:  # not a hub id
-            cached = None
-        if not isinstance(cached, str):
-            return None
-        config = Path(cached)
-    c = json.loads(config.read_text())
-    c = c.get("text_config", c)
-    try:
-        hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    except KeyError:
-        return None
-    heads = c.get("num_attention_heads", 1)
-    kv = c.get("num_key_value_heads", heads)
-    head_dim = c.get("head_dim") or hidden // heads
-    inner = c.get("intermediate_size", 4 * hidden)
-    attention = hidden * head_dim * (2 * heads + 2 * kv)
-    per_layer = attention + 3 * hidden * inner
-    embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
-    return float(layers * per_layer + embeddings), int(layers)
-
-
-def size(params: float) -> str:
-    return f"{params / 1e9:.2g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
-
-
 def workload(cfg: Config, shape: tuple[float, int]) -> Workload:
     g = cfg.generation
     return Workload(
@@ -96,13 +61,7 @@ def workload(cfg: Config, shape: tuple[float, int]) -> Workload:
     )
 
 
-def cost_transport(transport: str) -> str:
-    """The parts file's entry for a weight transport: gloo's broadcast goes through host memory
-    like the object store (not measured apart on a GPU)."""
-    return {"ipc": "ipc", "in_process": "in_process"}.get(transport, "object_store")
-
-
-def candidates(cfg: Config, hw: Hardware, transport: str, shape: tuple[float, int], kind: str) -> list[Candidate]:
+def candidates(cfg: Config, hw: Hardware, transport_name: str, shape: tuple[float, int], kind: str) -> list[Candidate]:
     """Every split that fits, fastest first: R ranks (``trainer.num_ranks`` if set; on one node, as
     many as the batch has prompts, one if the transport serves no ranks) and the other GPUs'
     searchers, 1, 2 or 4 a GPU (``runtime.num_searchers`` if set: spread over those GPUs)."""
@@ -114,7 +73,7 @@ def candidates(cfg: Config, hw: Hardware, transport: str, shape: tuple[float, in
     if not weight_transport_serves_ranks(cfg):
         most = 1
     k = cfg.trainer.sync_interval
-    bound, cost = lag_bound(cfg.runtime, k), cost_transport(transport)
+    bound, cost = lag_bound(cfg.runtime, k), transport(transport_name).cost_parts
     found = []
     for ranks in [fixed_ranks] if fixed_ranks else range(1, most + 1):
         free = total - ranks
@@ -147,8 +106,6 @@ def evaluation_gpus(cfg: Config) -> int:
 
 
 def weight_transport_serves_ranks(cfg: Config) -> bool:
-    from tba.weights.transports import transport
-
     name = cfg.runtime.weight_transport
     return name == "auto" or transport(name).serves_ranks
 
@@ -166,7 +123,7 @@ def sync_ranks(cfg: Config, hw: Hardware) -> int:
     return min(hw.gpus, cfg.trainer.batch_prompts)
 
 
-def choose(cfg: Config, hw: Hardware, transport: str, model_path) -> tuple[int, int, dict[str, str]]:
+def choose(cfg: Config, hw: Hardware, transport_name: str, model_path) -> tuple[int, int, dict[str, str]]:
     """(searchers, ranks, why) for a ray run: what ``auto`` leaves to the split, decided; what the
     user set, kept. ``why`` holds the plan's lines on the layout (the prediction, the runner-up).
     ``model_path``: a callable giving the policy's location, called only where there is a split."""
@@ -198,7 +155,7 @@ def choose(cfg: Config, hw: Hardware, transport: str, model_path) -> tuple[int, 
     known = gpu_kind(hw.gpu_name)
     kind = known or "h100"
     unknown = "" if known else f" (no parts for {hw.gpu_name or 'this GPU'}: an H100's)"
-    found = candidates(cfg, hw, transport, shape, kind)
+    found = candidates(cfg, hw, transport_name, shape, kind)
     if not found:
         why["layout"] = (
             f"no split of {hw.gpus * hw.nodes} GPUs fits a {size(shape[0])} model's trainer state in "
@@ -231,9 +188,6 @@ def resolve(cfg: Config, hw: Hardware, model_path) -> tuple[Config, dict[str, st
     """``cfg`` with ``runtime.num_searchers`` and ``trainer.num_ranks`` decided where ``auto``
     (``model_path``: a callable giving the policy's location, read only on several GPUs), and the
     plan's lines on the layout (its ``why``)."""
-    from tba.config import with_values
-    from tba.weights.transports import weight_transport
-
     why: dict[str, str] = {}
     searchers, ranks = cfg.runtime.num_searchers, cfg.trainer.num_ranks
     if cfg.runtime.type == "ray":
@@ -244,29 +198,3 @@ def resolve(cfg: Config, hw: Hardware, model_path) -> tuple[Config, dict[str, st
     if cfg.trainer.num_ranks == "auto":
         values["trainer.num_ranks"] = 1 if ranks == "auto" else ranks
     return (with_values(cfg, values) if values else cfg), why
-
-
-def described(spec: str) -> Hardware:
-    """A machine or cluster written out (``tba train --print-plan --hardware=SPEC``): ``8xh100`` (8
-    H100s), ``2x8xh100`` (two nodes of 8), ``cpu`` or ``cpu:16`` (cores, no GPU); ``,cpus=N`` sets
-    the cores of each machine (default: 16 a GPU). GPUs of a kind the cost model knows have bf16."""
-    head, *options = spec.lower().replace(" ", "").split(",")
-    fields = dict(o.split("=", 1) for o in options if "=" in o)
-    unknown = set(fields) - {"cpus"} or {o for o in options if "=" not in o}
-    try:
-        if unknown:
-            raise ValueError
-        if head.startswith("cpu"):
-            return Hardware(cpus=int(fields.get("cpus", head.partition(":")[2] or 2)))
-        *counts, kind = head.split("x")
-        nodes, gpus = ([1] + [int(c) for c in counts])[-2:] if counts else (1, 1)
-        if kind not in parts()["devices"] or nodes < 1 or gpus < 1:
-            raise ValueError
-    except ValueError:
-        kinds = ", ".join(parts()["devices"])
-        raise ConfigError(
-            f"--hardware={spec} is not a machine: write GPUSxKIND (8xh100), NODESxGPUSxKIND (2x8xh100) or "
-            f"cpu:CORES, then ,cpus=N for the cores of each machine; GPU kinds: {kinds}"
-        ) from None
-    name = parts()["devices"][kind]["name"]
-    return Hardware(cpus=int(fields.get("cpus", 16 * gpus)), gpus=gpus, bf16=True, gpu_name=name, nodes=nodes)

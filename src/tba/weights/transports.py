@@ -23,6 +23,7 @@ class Transport:
     sender: str | None = None  # "module:Class" of each side; None: the in-process store
     receiver: str | None = None
     board: str | None = None  # the side's own Ray actor (None: the weight board alone)
+    cost_parts: str = "object_store"  # its entry in the cost model's parts (tba/plan/parts.json)
 
     @property
     def primary(self) -> bool:
@@ -45,6 +46,7 @@ TRANSPORTS: dict[str, Transport] = {
             serves_ranks=True,
             same_machine=True,
             same_gpu=False,
+            cost_parts="in_process",
         ),
         Transport(
             "object_store",
@@ -66,6 +68,7 @@ TRANSPORTS: dict[str, Transport] = {
             sender="tba.weights.ray.broadcast:BroadcastSender",
             receiver="tba.weights.ray.broadcast:BroadcastReceiver",
             board="tba.weights.ray.boards:GroupBoard",
+            cost_parts="object_store",  # gloo's broadcast goes through host memory too (not measured apart on a GPU)
         ),
         Transport(
             "ipc",
@@ -77,6 +80,7 @@ TRANSPORTS: dict[str, Transport] = {
             sender="tba.weights.ray.ipc:SharedSender",
             receiver="tba.weights.ray.ipc:SharedReceiver",
             board="tba.weights.ray.boards:SlotBoard",
+            cost_parts="ipc",
         ),
     )
 }
