@@ -38,9 +38,8 @@ class VLLMSettings(Section):
     """A LoRA policy (``model.lora``): ``merged`` hands the engine the merged full weights at each
     publication, so it generates at the plain model's speed; ``adapter`` runs vLLM's own LoRA
     (``enable_lora``), loading each published adapter under a new id, so a publication moves the
-    adapter alone whatever the model's size, at a cost per token (on a CPU, 0.45x HF's speed
-    against merged's 1.9x: ``benchmarks/results/generation/README.md``, "A LoRA policy"). Either way the searchers
-    receive the adapter only."""
+    adapter alone whatever the model's size, at a cost per token (``benchmarks/results/generation/README.md``,
+    "A LoRA policy", measures both). Either way the searchers receive the adapter only."""
 
 
 class GenerationConfig(Section):

@@ -57,8 +57,8 @@ class TaskSection(Section):
     (``searcher/environment_errors``). None: no limit."""
     environment_workers: int = Field(128, ge=1)
     """Threads that run the conversations' environment steps (tool calls) of one turn side by side: a
-    tool that waits (a sandbox, a remote service) waits beside the others. With a 0.2 s tool, 128
-    made the tool demo's sync steps 2.9x faster than 8 (``benchmarks/results/tools/README.md``)."""
+    tool that waits (a sandbox, a remote service) waits beside the others
+    (``benchmarks/results/tools/README.md`` measures a slow tool with few and many)."""
 
     @model_validator(mode="after")
     def _check_turns(self) -> TaskSection:

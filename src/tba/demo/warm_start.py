@@ -25,8 +25,8 @@ TOOL_SPEC = TinySpec(max_positions=96, lr=3e-4, check_every=2, target_accuracy=0
 TOOL_TRAJECTORY_TOKENS = 48  # the tool demo's task.max_trajectory_tokens: a call, its answer, the final answer
 """The tool demo model: the demo's shape over :func:`build_tool_tokenizer`, warm-started on
 calculator traces until it solves 30% of validation problems with the tool (the mean of the last
-three checks, two steps apart: accuracy jumps from about 10% to 45% within four steps once the
-model starts calling the tool)."""
+three checks, two steps apart: accuracy jumps within a few steps once the model starts calling
+the tool)."""
 
 
 def greedy_accuracy(model, tokenizer, task: ArithmeticTask, prompts, max_new_tokens: int = 8) -> float:

@@ -73,8 +73,8 @@ dense mask computes every query of a row against every key of it: a packed pass 
 most the positions, and the attention scores, of the padded pass over the same sequences (each
 sequence fits a row of the longest's width, rows are no wider than the padded batch), and short
 sequences share rows instead of padding to the longest. Wider rows leave less padding at their
-ends but waste attention across sequences: on a CPU, one row of 1,000-4,000 positions was slower
-than the padded batch on short, alike sequences and took more memory (benchmarks/results/packing/README.md)."""
+ends but waste attention across sequences: on a CPU, one wide row was slower than the padded batch
+on short, alike sequences and took more memory (``benchmarks/results/packing/README.md``)."""
 
 
 def row_tokens(model: torch.nn.Module, setting: int | str | None = "auto") -> int | str | None:
@@ -329,8 +329,8 @@ def _packed_hidden(model, prompts, completions, eos_ids, width, pad_id, check):
 PACK_GAIN = 0.9
 """A pass is packed only if that computes at most this share of the padded pass's positions: a
 packed pass costs a little more per position (the mask built from the restarts, the gather of
-completion positions), which on sequences of like length (worked chains: 9% padding either way)
-made it 4-17% slower on a CPU (benchmarks/results/packing/README.md)."""
+completion positions), which on sequences of like length made it slower on a CPU
+(``benchmarks/results/packing/README.md``)."""
 
 
 def worth_packing(prompt_lens: list[int], completion_lens: list[int], width: int | str | None) -> bool:

@@ -65,9 +65,9 @@ def lag_bound(runtime: RuntimeConfig, sync_interval: int) -> int | None:
 
 def replay_window(cfg: Config) -> int:
     """``trainer.replay_window``, or for None the larger of 16 steps and twice a round of the
-    searchers' batches in steps (``num_searchers`` x ``prompts_per_batch`` / ``batch_prompts``): 32
-    searchers of one step's batch each on a 2-core machine trained at 0.56 of the ideal rate with
-    16 and 0.91 with 64 (benchmarks/results/scale/README.md)."""
+    searchers' batches in steps (``num_searchers`` x ``prompts_per_batch`` / ``batch_prompts``): with
+    many searchers a window shorter than their round holds the trainer back
+    (``benchmarks/results/scale/README.md``)."""
     if cfg.trainer.replay_window is not None:
         return cfg.trainer.replay_window
     per_round = cfg.runtime.num_searchers * cfg.generation.prompts_per_batch / cfg.trainer.batch_prompts
@@ -82,8 +82,8 @@ def stale_by_design(cfg: Config) -> bool:
 
 def tb_trust_region(objective: ObjectiveConfig, stale: bool = True) -> float | None:
     """``objective.tb_trust_region``: for ``auto``, the sequence band (0.5) where trajectory balance
-    trains on data stale by design (``stale``), else plain TB. In the sync runtime the band steadied
-    small batches but cost the tool demo 4.5 points (``benchmarks/results/async_regimes/README.md``)."""
+    trains on data stale by design (``stale``), else plain TB: in the sync runtime the band steadied
+    small batches but cost the tool demo accuracy (``benchmarks/results/async_regimes/README.md``)."""
     if not needs(objective).balance:
         return None
     if objective.tb_trust_region == "auto":

@@ -224,14 +224,11 @@ def model_location(name: str, cfg: Config) -> str:
 def choose_runtime(cfg: Config, hardware: Hardware) -> tuple[str, str]:
     """``runtime.type: auto`` on ``hardware``: (``sync`` or ``ray``, why). Asynchrony pays where the
     searchers get devices of their own. Where they would share the trainer's one device, the two
-    take turns at least as fast as they run side by side: on 2 CPU cores the ray runtime ran SmolLM2
-    with vLLM at 0.82x sync's speed over 40 steps and three seeds (0.69-0.72x with the searchers
-    capped), its trainer on one core taking twice sync's step
-    (benchmarks/results/layouts/README.md), and on one GPU at 0.51x with HF generation
-    (benchmarks/results/gpu/README.md); with HF generation on 2 cores the two were within 7% either
-    way, and sync pays no staleness. On one H100 with vLLM searchers ray ran at 1.11-1.17x
-    (benchmarks/results/gpu_vllm/README.md; one short run at 0.5B), but it holds the engine's memory
-    beside the trainer's where sync's engine sleeps: one GPU stays sync until the plan weighs that."""
+    take turns at least as fast as they run side by side, and sync pays no staleness
+    (``benchmarks/results/layouts/README.md``: 2 CPU cores; ``benchmarks/results/gpu/README.md``:
+    one GPU with HF generation). On one GPU with vLLM searchers ray can be faster
+    (``benchmarks/results/gpu_vllm/README.md``), but it holds the engine's memory beside the
+    trainer's where sync's engine sleeps: one GPU stays sync until the plan weighs that."""
     r, e = cfg.runtime, cfg.eval
     if e.async_:
         return "ray", "eval.async evaluates in a Ray actor beside the trainer"

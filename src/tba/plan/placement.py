@@ -48,9 +48,9 @@ def planned_threads(cfg: Config, hw: Hardware, ray_runtime: bool) -> tuple[int |
     why, where the plan chose them. ``run.threads`` if set. A resumed run keeps the threads it
     started with (:func:`started_threads`): the count changes how sums round, and so every number
     after. The ray runtime's trainer gets the cores that its searchers leave (:func:`trainer_threads`).
-    Cores that other processes keep busy at the start are left to them: on 2 cores beside one busy
-    process, torch's two threads wait on each other through its time slices, and the demo ran 3x
-    slower than alone, against 1.4x with one thread (benchmarks/results/load/README.md)."""
+    Cores that other processes keep busy at the start are left to them: beside a busy process,
+    threads on its core wait on each other through its time slices
+    (``benchmarks/results/load/README.md`` measures it)."""
     if cfg.run.threads:
         return cfg.run.threads, None
     known, started = started_threads(cfg)
@@ -165,9 +165,9 @@ def oversubscription(cfg: Config, cpus: int, trainer: int, searcher: int, rank_t
     """A warning when the ray runtime's processes on this machine ask for more CPU threads than it
     has cores (``trainer``, ``searcher``, ``rank_threads``: the threads of the trainer, of each
     searcher and of each rank, as the plan gives them), else None; the caller asks for the ray
-    runtime only. Not an error, as a user may mean it; but on 2 cores a trainer given both beside a
-    searcher made that searcher's weight load into vLLM 23x slower
-    (benchmarks/results/layouts/README.md). Joining a cluster, the searchers may run elsewhere: no
+    runtime only. Not an error, as a user may mean it; but a trainer given every core beside a
+    searcher slows that searcher's weight load into vLLM many times over
+    (``benchmarks/results/layouts/README.md``). Joining a cluster, the searchers may run elsewhere: no
     warning."""
     if cfg.runtime.address:
         return None

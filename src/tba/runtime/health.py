@@ -149,8 +149,8 @@ class SlowdownWatch:
     setting that leaves it to them. If none does (longer completions, a slower task: the run's own
     business), it says nothing and asks again only after ``start`` more steps. ``hardware``: the
     plan's (its cores; the busy ones are counted whole as there: :attr:`tba.hardware.Hardware.busy_cpus`).
-    ``factor`` 2: every core of a 2-core machine beside one busy one made the demo's steps 3x
-    slower, the plan's one thread 1.5x (benchmarks/results/load/README.md)."""
+    ``factor`` 2: a busy core slows every-core threads several times more than the plan's threads
+    (``benchmarks/results/load/README.md`` has the figures)."""
 
     def __init__(
         self,
