@@ -1,55 +1,33 @@
 """The trainer role: replay buffer in, optimizer steps out, weights published every k steps.
 
-One call of :meth:`Trainer.step`:
+A :class:`Trainer` is a :class:`~tba.trainer.learner.Learner` (the policy, its optimizer and the
+objective) joined to the run's replay buffer and the sender of its weights. One call of
+:meth:`Trainer.step`, a hand-written loop's step:
 
-    sample a batch of groups from the buffer → sequence log-probs under the policy
-    → trajectory balance loss → clip gradients → AdamW step → LR schedule step
+    sample a batch of groups from the buffer → the learner's optimizer step
     → every k steps publish weights (and open a new "recent data" window in the buffer)
 
-Micro-batches hold whole groups, so the per-prompt log Z is always computed from the prompt's
-own K completions (the paper's code was only right with one prompt per micro-batch). They are
-cut by a count of groups (``micro_batch_prompts``) and a token budget (``micro_batch_tokens``),
-and each one's loss is weighted by its share of the batch, so the step equals one pass over the
-whole batch. With ``trainer.packing`` (the default) a micro-batch's sequences are packed into rows
-with no padding (:mod:`tba.models.packing`), so its token budget (the positions a pass computes)
-holds more groups; a model that cannot be packed is padded, with one warning. The trainer never
-needs the reference model: searchers attach reference log-probs to rollouts.
+The runtimes' loop (:func:`tba.runtime.loop.train_loop`) calls :meth:`Trainer.learn` and
+:meth:`Trainer.publish_due` itself, so that the publication is a line of the loop.
 
-Precision (``trainer.precision``, see :mod:`tba.models.precision`) enters in two places only: the
-forward passes run under its autocast, and publication casts the weights to the searchers' dtype.
+The buffer's recent window starts when a publication becomes visible to searchers
+(:meth:`Trainer._mark_visible`), asked before each arrival, each draw and after each publication.
 """
 
 from __future__ import annotations
 
-import math
 import time
-import warnings
 
 import torch
 
 from tba.buffer import ReplayBuffer
 from tba.config import ObjectiveConfig, TrainerConfig
-from tba.models.logprobs import truncate_at_eos
-from tba.models.precision import Precision
-from tba.objectives import needs, normalised_ess, objective_loss
-from tba.schedules import beta_at
-from tba.trainer.optimizer import make_optimizer
-from tba.trainer.planning import (
-    gather_ranks,
-    group_lengths,
-    group_metrics,
-    lag_metrics,
-    loss_shares,
-    packing_choice,
-    plan_groups,
-    sequence_lengths,
-)
-from tba.trainer.updates import LocalUpdates, Updates, check_rank_count
+from tba.trainer.learner import Learner
 from tba.types import Batch, RolloutGroup
 from tba.weights import Sender
 
 
-class Trainer:
+class Trainer(Learner):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -61,62 +39,16 @@ class Trainer:
         pad_id: int,
         eos_ids: set[int],
         max_new_tokens: int | None = None,
-        precision: Precision | None = None,
-        publish_dtype: torch.dtype | None = None,
-        ranks: Updates | None = None,
-        trust_region: float | None = None,
-        grad_clip: float | None = None,
-        sampler_logps: bool | None = None,
+        **learner,
     ):
-        """``trust_region`` (TB's band; None: plain TB) and ``grad_clip`` (None: no clipping):
-        numbers, as the run plan resolved them (:func:`tba.runtime.policy.make_trainer` builds a
-        trainer from a plan; ``auto`` means nothing here). ``precision``: how ``model``
-        computes (default fp32); ``publish_dtype``: the dtype that
-        published floating weights are cast to (the searchers' ``model.dtype``; None keeps them).
-        ``ranks``: trainer ranks (``trainer.num_ranks`` > 1) that hold the sharded policy and its
-        optimizer and take the steps; ``model`` is then this process's unsharded copy, brought up to
-        date by :meth:`sync_policy` (for evaluation and checkpoints)."""
-        self.model = model
+        """The learner's arguments (:class:`~tba.trainer.learner.Learner`), with the run's ``buffer``
+        and the ``weights`` sender its publications go through."""
+        super().__init__(model, cfg, objective, group_size, pad_id, eos_ids, max_new_tokens, **learner)
         self.buffer = buffer
         self.weights = weights
-        self.cfg = cfg
-        self.objective = objective
-        self.group_size = group_size
-        self.pad_id = pad_id
-        self.eos_ids = eos_ids
-        self.precision = precision or Precision()
-        self.publish_dtype = publish_dtype
-        self.max_tokens = objective.max_tokens or max_new_tokens or 1  # Dr. GRPO's constant
-        if isinstance(trust_region, str) or isinstance(grad_clip, str):
-            raise TypeError(
-                f"Trainer takes resolved numbers, not {trust_region!r} / {grad_clip!r}: build it from a run "
-                "plan (tba.runtime.policy.make_trainer) or pass the band and the clip"
-            )
-        self.trust_region = trust_region if needs(objective).balance else None
-        self.grad_clip = grad_clip
-        if sampler_logps is None:  # (a trainer built from a plan is told: its sampler_logprobs)
-            sampler_logps = needs(objective).sampler_logps(objective, self.trust_region)
-        self.sampler_logps = sampler_logps  # the rollouts carry them
-        self.version = 0  # optimizer steps taken: the version of the current weights
-        self.skipped_steps = 0
-        self.empty_steps = 0  # steps with nothing to train on (:meth:`skip`)
-        self.oversize_groups = 0  # groups that alone exceeded micro_batch_tokens
+        self.before_write = weights.settle  # a publication that reads the weights finishes first
         self._arrival_lag_max = 0
-        self._log_w: list[torch.Tensor] = []  # this step's log importance weights (objective.tb_ess_lr)
-        # what publication (on a thread: the ray runtime) cost the trainer's path since the last step's
-        # metrics, and the newest version searchers could fetch when the buffer last marked it
-        self._publish_path_s = 0.0
-        self._marked_version = -1
-        self._synced = -1  # the version whose weights ``model`` holds, with ranks
-        self.passes = packing_choice(model, cfg)
-        self.updates: Updates = ranks if ranks is not None else LocalUpdates(self)
-        self.optimizer = self.scheduler = None  # the ranks hold theirs; ``model`` is this process's copy
-        if ranks is None:
-            self.optimizer, self.scheduler = make_optimizer(model, cfg)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        self._marked_version = -1  # the newest version searchers could fetch when the buffer last marked it
 
     def ingest(self, groups: list[RolloutGroup]) -> int:
         """Put arrived groups in the buffer; returns the number of new rollouts."""
@@ -154,79 +86,36 @@ class Trainer:
             self._marked_version = self.weights.visible_version
             self.buffer.mark_sync()
 
-    def published_state(self) -> dict[str, torch.Tensor]:
-        """What searchers load: the policy's state dict (a LoRA policy's adapter), floating tensors
-        cast once to ``publish_dtype`` (with ranks: gathered from their shards)."""
-        return self.updates.published_state(self.publish_dtype)
-
-    def sync_policy(self) -> None:
-        """With ranks, load their current weights into ``self.model`` (once per version); without,
-        ``self.model`` is the policy itself and this does nothing."""
-        if self._synced != self.version:
-            self.updates.sync_into(self.model)
-            self._synced = self.version
-
     def step(self, batch: Batch | None = None) -> dict[str, float]:
         """One optimizer step on ``batch`` (by default one sampled from the replay buffer), then the
-        publication when due (:meth:`publish_due`): a hand-written loop's step. The runtimes' loop
-        (:func:`tba.runtime.loop.train_loop`) calls :meth:`learn` and publishes itself."""
+        publication when due (:meth:`publish_due`): a hand-written loop's step."""
         return self.publish_due(self.learn(batch))
-
-    def learn(self, batch: Batch | None = None) -> dict[str, float]:
-        """One optimizer step on ``batch``, by default one sampled from the replay buffer; the
-        version moves on by one. Publishes nothing."""
-        start = time.perf_counter()
-        self._mark_visible()
-        if batch is None:
-            batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
-        metrics = self.updates.update(batch, self.version)
-        positions = metrics.get("train/positions", 0.0)
-        if positions:
-            metrics["train/padding_fraction"] = 1.0 - metrics["train/tokens"] / positions
-            metrics["train/tokens_per_s"] = metrics["train/tokens"] / max(time.perf_counter() - start, 1e-9)
-        metrics.update(lag_metrics(batch, self.version))
-        metrics.update(group_metrics(batch))
-        metrics.update(
-            {
-                "buffer/arrival_lag_max": float(self._arrival_lag_max),
-                "train/empty_steps": float(self.empty_steps),
-                "train/step_s": time.perf_counter() - start,
-                **batch.stats,
-                **self.buffer.stats(),
-            }
-        )
-        self._arrival_lag_max = 0
-        return self._advance(metrics)
 
     def skip(self) -> dict[str, float]:
         """:meth:`learn_nothing`, then the publication when due."""
         return self.publish_due(self.learn_nothing())
 
-    def learn_nothing(self) -> dict[str, float]:
-        """A step with nothing to train on (``buffer.fresh_only``: the searcher dropped every group
-        of the step, for empty completions or failed rewards, as a policy that only answers with
-        the end token makes it do): no update, but the version, the learning-rate schedule and
-        the publications advance as after a step, so the run keeps its length and the searchers
-        their lag, and a stale sampler (``runtime.extra_lag``) still gets newer weights. Counted in
-        ``train/skipped_steps`` (with the steps whose gradients were not finite) and
-        ``train/empty_steps``."""
-        start = time.perf_counter()
-        skipped = self.updates.skip()
-        self.empty_steps += 1
-        metrics = {
-            "train/skipped_steps": skipped.pop("train/skipped_steps"),
-            "train/empty_steps": float(self.empty_steps),
-            "train/step_s": time.perf_counter() - start,
-            **skipped,
-        }
-        return self._advance(metrics)
+    def learn(self, batch: Batch | None = None, started: float | None = None) -> dict[str, float]:
+        """The learner's step on ``batch``, by default one sampled from the replay buffer, with the
+        buffer's figures. Publishes nothing."""
+        start = time.perf_counter() if started is None else started
+        self._mark_visible()
+        if batch is None:
+            batch = self.buffer.sample(self.cfg.batch_prompts, self.group_size)
+        metrics = super().learn(batch, start)
+        metrics["buffer/arrival_lag_max"] = float(self._arrival_lag_max)
+        metrics.update(self.buffer.stats())
+        self._arrival_lag_max = 0
+        return self._waited(metrics)
 
-    def _advance(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The version moves on by one (a step taken or skipped)."""
-        self.version += 1
-        if self._publish_path_s:  # the trainer's path: waits for a publication before the optimizer
-            metrics["train/publish_s"] = self._publish_path_s
-            self._publish_path_s = 0.0
+    def learn_nothing(self) -> dict[str, float]:
+        return self._waited(super().learn_nothing())
+
+    def _waited(self, metrics: dict[str, float]) -> dict[str, float]:
+        """What waiting for a publication before the optimizer cost the trainer's path."""
+        if self.write_wait_s:
+            metrics["train/publish_s"] = self.write_wait_s
+            self.write_wait_s = 0.0
         return metrics
 
     def publication_due(self) -> bool:
@@ -240,175 +129,3 @@ class Trainer:
             metrics["train/publish_s"] = metrics.get("train/publish_s", 0.0) + self.publish()
         metrics.update(self.weights.metrics())  # the transport's (raises what a publisher's thread raised)
         return metrics
-
-    def skip_update(self) -> int:
-        """No optimizer step, one schedule step (the learning rate follows the version); returns
-        the steps skipped so far."""
-        self.skipped_steps += 1
-        self._schedule_step()
-        return self.skipped_steps
-
-    def _schedule_step(self) -> None:
-        """One step of the learning-rate schedule, after the optimizer's or in place of it."""
-        with warnings.catch_warnings():  # torch warns when a skipped step precedes the schedule's
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            self.scheduler.step()
-
-    def update(self, batch: Batch, scale: float = 1.0, passes: int | None = None) -> dict[str, float]:
-        """Gradients of the objective on ``batch``, clipped, one AdamW step and one schedule step at
-        version ``self.version`` (which the caller advances). ``scale`` weights this batch's loss:
-        a rank's share of the step's batch, whose gradients the ranks sum. ``passes``: forward and
-        backward passes to run at least (a rank runs as many as the rank with the most, since each
-        pass is a collective of every rank: see :func:`rank_passes`)."""
-        o = self.objective
-        beta = beta_at(self.version, o.beta, o.beta_final, o.beta_anneal_steps, o.beta_final_from)
-        self._log_w = []
-        metrics = self._accumulate_gradients(batch, beta, scale, passes)
-        if o.tb_ess_lr:  # this step's learning rate times the batch's ESS (the schedule resets it next step)
-            lr_scale = normalised_ess(gather_ranks(torch.cat(self._log_w)))
-            for group in self.optimizer.param_groups:
-                group["lr"] *= lr_scale
-            metrics["train/tb_ess"] = lr_scale
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = math.inf if self.grad_clip is None else self.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-        self._publish_path_s += self.weights.settle()  # a publication that reads these weights must finish first
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:  # one bad batch must not poison the weights of a long run
-            self.skipped_steps += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        self._schedule_step()  # after the optimizer, so step 0 uses the first warmup value
-        if clip < math.inf and math.isfinite(grad_norm):  # what the clip multiplied the gradient by
-            metrics["train/clip_scale"] = min(1.0, clip / (grad_norm + 1e-6))
-        metrics.update(
-            {
-                "train/grad_norm": grad_norm,
-                "train/beta": beta,
-                "train/lr": self.optimizer.param_groups[0]["lr"],
-                "train/skipped_steps": float(self.skipped_steps),
-            }
-        )
-        return metrics
-
-    def _accumulate_gradients(
-        self, batch: Batch, beta: float, scale: float = 1.0, passes: int | None = None
-    ) -> dict[str, float]:
-        k, n = self.group_size, batch.num_groups
-        plan = plan_groups(batch, self.cfg, self.passes)
-        for _ in range(len(plan), passes or 0):  # the gathers and reductions the other ranks wait for
-            self._empty_pass(batch)
-        if (cost := self.passes.cost(sequence_lengths(batch, list(range(n))))) is not None:
-            self._count_oversize([cost([g]) for g in range(n)])  # what each group's pass alone would compute
-        else:
-            self._count_oversize([k * (p + c) for p, c in group_lengths(batch)])
-        weights = loss_shares(batch, plan, needs(self.objective).pairs_only)
-        totals: dict[str, float] = {"train/tokens": 0.0, "train/positions": 0.0}
-        for groups, share in zip(plan, weights, strict=True):
-            rollouts = [r for g in groups for r in batch.group(g)]
-            prompts = [batch.prompt_ids[g] for g in groups for _ in range(k)]
-            completions = [self._completion(r) for r in rollouts]
-            lens = [len(p) for p in prompts], [len(c) for c in completions]
-            packed = self.passes.packs(*lens)  # decided once for the pass and its count
-            with self.precision.autocast():  # [G*K, T] each, fp32
-                token_logp, mask = self.passes.token_logprobs(
-                    self.model, prompts, completions, self.pad_id, packed=packed
-                )
-            token_logp, mask = self._policy_tokens(rollouts, token_logp, mask)
-            positions, real = self.passes.positions(*lens, packed=packed)
-            totals["train/tokens"] += real
-            totals["train/positions"] += positions
-            logp = token_logp.sum(-1)  # [G*K]
-            ref = torch.tensor([r.ref_logp for r in rollouts], device=logp.device)
-            reward = torch.tensor([r.reward for r in rollouts], device=logp.device)
-            loss, m = objective_loss(
-                self.objective,
-                token_logp,
-                mask,
-                logp,
-                ref,
-                reward,
-                rollouts,
-                beta,
-                self.group_size,
-                self.max_tokens,
-                self.trust_region,
-                self.sampler_logps,
-                self._log_w,
-            )
-            (loss * (share * scale)).backward()  # micro-batch losses are means: weight by their share of the batch
-            kl = m["kl"] if "kl" in m else (logp.detach() - ref).mean().item()
-            parts = {
-                "train/loss": loss.item(),
-                "train/kl": kl,
-                **{f"train/{'log_z' if key == 'log_z_mean' else key}": v for key, v in m.items() if key != "kl"},
-                "train/reward_mean": reward.mean().item(),
-                "train/completion_len": sum(len(r.completion) for r in rollouts) / len(rollouts),
-            }
-            size = len(groups) / n  # metrics are means over the batch's groups; the loss as weighted
-            for key, value in parts.items():
-                totals[key] = totals.get(key, 0.0) + value * (share if key == "train/loss" else size)
-        totals["train/micro_batches"] = float(len(plan))
-        if self.cfg.micro_batch_tokens is not None:
-            totals["train/oversize_groups"] = float(self.oversize_groups)
-        return totals
-
-    def _empty_pass(self, batch: Batch) -> None:
-        """A forward and backward pass that adds nothing to the gradients: one sequence of the batch,
-        its loss times 0. With sharded weights it takes part in every rank's gathers and gradient
-        reductions, which is all a rank with fewer micro-batches than another must do."""
-        rollout = batch.group(0)[0]
-        with self.precision.autocast():
-            token_logp, _ = self.passes.token_logprobs(
-                self.model, [batch.prompt_ids[0]], [self._completion(rollout)], self.pad_id
-            )
-        (token_logp.sum() * 0.0).backward()
-
-    def _completion(self, rollout) -> list[int]:
-        """The tokens of ``rollout`` the policy is scored on: a completion up to its first EOS; a
-        multi-turn trajectory (with an action mask) whole, since each of its turns ends with one."""
-        if rollout.action_mask is not None:
-            return list(rollout.completion)
-        return truncate_at_eos(list(rollout.completion), self.eos_ids)
-
-    @staticmethod
-    def _policy_tokens(rollouts, token_logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The log-probs and mask of the tokens the policy wrote: an environment's tokens in a
-        multi-turn trajectory (action mask 0) are conditioning, zeroed out of both, so every
-        objective's sums leave them out."""
-        if all(r.action_mask is None for r in rollouts):
-            return token_logp, mask
-        action = torch.ones(mask.shape, dtype=mask.dtype)  # built on the host, moved once
-        for i, r in enumerate(rollouts):
-            if r.action_mask is not None:
-                n = min(len(r.action_mask), action.shape[1])
-                action[i, :n] = torch.tensor(r.action_mask[:n], dtype=action.dtype)
-        action = action.to(mask.device)
-        return token_logp * action, mask * action
-
-    def _count_oversize(self, tokens: list[int]) -> None:
-        """Count the groups that alone exceed ``micro_batch_tokens`` (each runs alone); warn at the first.
-        ``tokens``: each group's tokens as the budget counts them (the positions its pass computes)."""
-        budget = self.cfg.micro_batch_tokens
-        over = [t for t in tokens if budget is not None and t > budget]
-        if over and not self.oversize_groups:
-            warnings.warn(
-                f"a group of {self.group_size} completions needs {over[0]} tokens, more than "
-                f"trainer.micro_batch_tokens={budget}; such groups run alone in a micro-batch (counted in "
-                "train/oversize_groups). Raise the budget, or lower generation.max_new_tokens, if memory is short",
-                stacklevel=4,
-            )
-        self.oversize_groups += len(over)
-
-    def state_dict(self) -> dict:
-        return {"version": self.version, "empty_steps": self.empty_steps, **self.updates.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned. With ranks, ``self.model``'s weights go to them
-        too (a resume loads the checkpoint's weights into ``self.model`` first)."""
-        check_rank_count(state, self.updates.size)
-        self.version = state["version"]
-        self.empty_steps = state.get("empty_steps", 0)  # absent from checkpoints before it existed
-        self.updates.load_state_dict(self.model, state)
-        self._synced = self.version

@@ -58,7 +58,7 @@ class LocalUpdates:
     size = 1
 
     def __init__(self, trainer):
-        """``trainer``: the :class:`~tba.trainer.core.Trainer` whose model and optimizer these are."""
+        """``trainer``: the :class:`~tba.trainer.learner.Learner` whose model and optimizer these are."""
         self.trainer = trainer
 
     def update(self, batch: Batch, version: int) -> dict[str, float]:
