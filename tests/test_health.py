@@ -70,6 +70,7 @@ def test_the_advice_after_a_fall_names_the_sequence_band_for_plain_trajectory_ba
 
 def test_the_last_line_names_what_errors_log_holds(tmp_path):
     from tba.runtime.report import errors_log_contents, log_errors, say_event
+    from tba.types import LoggedError
 
     said: list[str] = []
     say_event(tmp_path, said.append, "evaluation fell below its start: 0.20 against 0.35")
@@ -78,8 +79,13 @@ def test_the_last_line_names_what_errors_log_holds(tmp_path):
         "a slowdown)"
     )
     traceback = 'Traceback (most recent call last):\n  File "r.py", line 3\n\nValueError: picky'
-    log_errors(tmp_path, [f"searcher 0, policy version 4: reward function picky failed\n{traceback}"])
-    log_errors(tmp_path, [f"searcher 1, policy version -1: reward function other failed\n{traceback}"])
+    log_errors(
+        tmp_path, [LoggedError("reward", f"searcher 0, policy version 4: reward function picky failed\n{traceback}")]
+    )
+    log_errors(
+        tmp_path, [LoggedError("reward", f"searcher 1, policy version -1: reward function other failed\n{traceback}")]
+    )
+    assert "reward function picky failed" in (tmp_path / "errors.log").read_text()
     said_now = errors_log_contents(tmp_path / "errors.log")
     assert said_now.startswith("errors.log holds 2 reward-function traceback(s) (the first of each failing function")
     assert said_now.endswith(
@@ -98,7 +104,7 @@ def test_the_last_line_names_what_errors_log_holds(tmp_path):
     finally:
         agents.close()
         envs.close()
-    log_errors(tmp_path, [f"searcher 0, policy version 5: {e}" for e in failures])
+    log_errors(tmp_path, [LoggedError("rollout", f"searcher 0, policy version 5: {e}") for e in failures])
     said_now = errors_log_contents(tmp_path / "errors.log")
     assert said_now.startswith("errors.log holds 2 reward-function traceback(s)")
     assert "and 2 environment or agent traceback(s) (the first of each kind; those rollouts were dropped" in said_now

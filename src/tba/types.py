@@ -148,3 +148,14 @@ class SearcherReport:
     incarnation: str = ""  # its process: a restarted searcher is a new incarnation
     node: str = ""  # the Ray node it runs on
     started: dict[str, float] = field(default_factory=dict)  # wall-clock: entered, ready, first_batch
+
+
+@dataclass(frozen=True)
+class LoggedError:
+    """A line for a run's ``errors.log``, with what kind of failure it is: ``reward`` (a reward
+    function's first traceback: its samples skipped and counted), ``rollout`` (an environment's or an
+    agent's first of a kind: those rollouts dropped and counted) or ``notice`` (the run's own: a
+    searcher that died or came back, a fall below the start, a slowdown)."""
+
+    kind: str
+    text: str

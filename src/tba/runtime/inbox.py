@@ -9,7 +9,7 @@ import dataclasses
 import ray
 
 from tba.searcher.counters import carried_counts
-from tba.types import SearcherReport
+from tba.types import LoggedError, SearcherReport
 
 
 @ray.remote(num_cpus=0)
@@ -19,7 +19,7 @@ class Inbox:
     def __init__(self, max_ahead: int | None = None) -> None:
         self.groups: list = []
         self.reports: dict[int, SearcherReport] = {}  # each searcher's latest
-        self.errors: list[str] = []  # kept until drained: a newer put must not overwrite them
+        self.errors: list[LoggedError] = []  # kept until drained: a newer put must not overwrite them
         self.carried: dict[int, dict[str, float]] = {}  # counts of a searcher's earlier incarnations
         self.places: dict[int, dict] = {}  # a resumed run's (:meth:`resume_places`)
         self.dropped: dict[int, list[int]] = {}  # each searcher's dropped draws since the last drain
@@ -29,7 +29,7 @@ class Inbox:
         self.trainer_waiting = False
 
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
-    def put(self, groups: list, report: SearcherReport, errors: list[str]) -> bool:
+    def put(self, groups: list, report: SearcherReport, errors: list[LoggedError]) -> bool:
         i = report.searcher_id
         self.groups.extend(groups)
         self.arrived += len(groups)
@@ -62,7 +62,7 @@ class Inbox:
     @ray.method(enable_task_events=False)  # called several times a second: no per-call events kept in Ray's GCS
     def drain(
         self, consumed: int | None = None, waiting: bool = False
-    ) -> tuple[list, dict[int, SearcherReport], list[str]]:
+    ) -> tuple[list, dict[int, SearcherReport], list[LoggedError]]:
         """Everything that arrived, and each searcher's latest report with the draws it dropped
         since the last drain; ``consumed``: the groups the trainer has drawn so far (this run);
         ``waiting``: the trainer waits for searchers (for data, or for newer weights in their data

@@ -5,7 +5,6 @@ few samples."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tba.models.precision import compute_as
 from tba.plots import plot_run
 from tba.runtime.build import Components, lazy_reference
 from tba.tasks.redteam import DEFAULT_EVAL_ATTACKS
+from tba.types import LoggedError
 
 
 def evaluate_policy(
@@ -72,47 +72,54 @@ def eval_key(c: Components) -> str:
     return f"eval/{c.task.eval_metric}"
 
 
-def log_errors(run_dir: Path, errors: list[str]) -> None:
-    """Append reward-function tracebacks to ``<run>/errors.log`` (the first of each function)."""
-    if errors:
-        with (run_dir / "errors.log").open("a") as f:
-            for text in errors:
-                f.write(text.rstrip() + "\n\n")
+ERRORS_COUNTS = "errors.json"  # beside errors.log: how many of its entries are of each kind
+
+
+def log_errors(run_dir: Path, errors: list[LoggedError]) -> None:
+    """Append failures' first tracebacks and the run's notices to ``<run>/errors.log``, and count
+    each kind in ``<run>/errors.json`` (what the run's last line says the log holds)."""
+    if not errors:
+        return
+    with (run_dir / "errors.log").open("a") as f:
+        for e in errors:
+            f.write(e.text.rstrip() + "\n\n")
+    path = run_dir / ERRORS_COUNTS
+    counts = json.loads(path.read_text()) if path.is_file() else {}
+    for e in errors:
+        counts[e.kind] = counts.get(e.kind, 0) + 1
+    path.write_text(json.dumps(counts) + "\n")
 
 
 def say_event(run_dir: Path, log, message: str) -> None:
     """Something the run must tell even when quiet (a searcher's death or return, a fall below the
     start): through ``log`` and, with the time, in ``errors.log``."""
     log(message)
-    log_errors(run_dir, [f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"])
+    log_errors(run_dir, [LoggedError("notice", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}")])
 
 
 def errors_log_contents(path: Path) -> str:
-    """What ``errors.log`` holds, in words: the reward functions' first tracebacks (written by
-    :func:`log_errors`, one per failing function and searcher, their samples skipped and counted),
-    the first traceback of each kind of environment, agent or verifiers failure (their rollouts
-    dropped and counted) and the run's notices (:func:`say_event`: a searcher's death or return, a fall below the start,
-    steps slowed by other processes)."""
-    lines = path.read_text().splitlines()
-    heads = [line for line in lines if re.match(r"searcher \d+, policy version -?\d+: ", line)]
-    # an environment's, an agent's or a verifiers environment's (tba.generation.turns, tba.endpoint.agents)
-    rollouts = sum(1 for line in heads if re.search(r"environment_errors|close\(\) raised", line))
-    tracebacks = len(heads) - rollouts
-    notices = sum(1 for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line))
+    """What ``errors.log`` holds, in words, by the counts written beside it (:func:`log_errors`):
+    the reward functions' first tracebacks (one per failing function and searcher, their samples
+    skipped and counted), the first traceback of each kind of environment, agent or verifiers
+    failure (their rollouts dropped and counted) and the run's notices (:func:`say_event`: a
+    searcher's death or return, a fall below the start, steps slowed by other processes)."""
+    counts_path = path.parent / ERRORS_COUNTS
+    counts = json.loads(counts_path.read_text()) if counts_path.is_file() else {}
     parts = []
-    if tracebacks:
+    if counts.get("reward"):
         parts.append(
-            f"{tracebacks} reward-function traceback(s) (the first of each failing function; its samples "
+            f"{counts['reward']} reward-function traceback(s) (the first of each failing function; its samples "
             "were skipped and counted in searcher/reward_errors)"
         )
-    if rollouts:
+    if counts.get("rollout"):
         parts.append(
-            f"{rollouts} environment or agent traceback(s) (the first of each kind; those rollouts were "
+            f"{counts['rollout']} environment or agent traceback(s) (the first of each kind; those rollouts were "
             "dropped and counted in searcher/environment_errors)"
         )
-    if notices:
+    if counts.get("notice"):
         parts.append(
-            f"{notices} notice(s) of the run (a searcher that died or came back, a fall below the start, a slowdown)"
+            f"{counts['notice']} notice(s) of the run (a searcher that died or came back, a fall below the start, "
+            "a slowdown)"
         )
     return "errors.log holds " + (" and ".join(parts) if parts else "nothing the run wrote")
 

@@ -31,7 +31,7 @@ from tba.rewards import RewardStats
 from tba.scoring import ScoringPool
 from tba.searcher.state import Resumable, SearcherStats
 from tba.tasks.base import Prompt, Task
-from tba.types import RolloutGroup
+from tba.types import LoggedError, RolloutGroup
 from tba.weights import Receiver
 
 
@@ -337,10 +337,11 @@ class Searcher(Resumable):
         if self.conversations is not None:
             self.conversations.close()
 
-    def new_errors(self) -> list[str]:
+    def new_errors(self) -> list[LoggedError]:
         """First traceback of each failing reward function (and environment or agent), each returned
         once (for ``errors.log``)."""
-        found = self.reward_stats.take_new_errors()
+        found = [("reward", e) for e in self.reward_stats.take_new_errors()]
         if self.conversations is not None:  # an environment's or agent's first failure of each kind
-            found += self.conversations.take_new_errors()
-        return [f"searcher {self.searcher_id}, policy version {self.version}: {e}" for e in found]
+            found += [("rollout", e) for e in self.conversations.take_new_errors()]
+        where = f"searcher {self.searcher_id}, policy version {self.version}"
+        return [LoggedError(kind, f"{where}: {e}") for kind, e in found]
