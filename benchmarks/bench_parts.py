@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from harness import print_machine
+from harness.measure import sync_components
 from harness.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent
@@ -36,20 +37,10 @@ RESULTS = ROOT / "results" / "parts" / "results.json"
 
 def measure(setting: str, threads: int, repeats: int, overrides: list[str]) -> dict:
     torch.set_num_threads(threads)  # before the engine is built (vLLM fixes the process's threads)
-    from tba.config import load_config
-    from tba.plan import plan_run
-    from tba.runtime.build import build_components
-    from tba.runtime.preflight import prepare_task, ready_plan
-
     args = list(SETTINGS[setting])
     path = args.pop(0) if args and args[0].endswith(".yaml") else None
-    cfg = load_config(path, [*args, "--runtime.type=sync", f"--run.threads={threads}", *overrides])
-    prepared = prepare_task(cfg, lambda msg: None)
-    cfg, plan = plan_run(cfg)
-    plan = ready_plan(cfg, plan, prepared[1], lambda msg: None)
-    c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
+    cfg, c = sync_components(path, [*args, f"--run.threads={threads}", *overrides])
     params = sum(p.numel() for p in c.policy.parameters())
-    c.trainer.publish()
     c.searcher.pull_weights()
     for _ in range(3):  # a buffer that can fill a batch of distinct prompts with contrast
         c.trainer.ingest(c.searcher.step())

@@ -18,11 +18,7 @@ import time
 
 import torch
 from harness import print_machine
-
-from tba.config import load_config
-from tba.plan import plan_run
-from tba.runtime.build import build_components
-from tba.runtime.preflight import prepare_task, ready_plan
+from harness.measure import sync_components
 
 
 def main() -> None:
@@ -30,12 +26,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     args, overrides = parser.parse_known_args()
     print_machine()
-    cfg = load_config(None, ["--runtime.type=sync", *overrides])
-    prepared = prepare_task(cfg, lambda msg: None)
-    cfg, plan = plan_run(cfg)
-    plan = ready_plan(cfg, plan, prepared[1], lambda msg: None)
-    c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
-    c.trainer.publish()
+    cfg, c = sync_components(None, overrides)
     for _ in range(5):
         c.trainer.ingest(c.searcher.step())
     times = {(part, n): [] for part in ("train", "generate") for n in (1, 2)}

@@ -35,6 +35,11 @@ LORA = [*SMALL_DEMO_ARGS, "--model.lora={r: 8, alpha: 16}", "--trainer.lr=2e-3",
 QUIET = ["--logging.progress=false", "--eval.limit=8", "--runtime.trainer_cpus=1"]
 
 
+def _sections(cfg):
+    """What check_lora_config reads: the model and the objective sections."""
+    return cfg.model, cfg.objective
+
+
 def lora_config(demo_cache, tmp_path, *extra):
     return load_config(None, [*LORA, *QUIET, f"--model.cache_dir={demo_cache}", f"--run.output_dir={tmp_path}", *extra])
 
@@ -155,10 +160,10 @@ def test_ray_runtime_trains_an_adapter_with_base_model_reference(tmp_path, demo_
 
 def test_lora_settings_the_base_model_reference_cannot_serve_are_rejected(tmp_path, demo_cache):
     with pytest.raises(ConfigError, match="model.reference"):
-        check_lora_config(lora_config(demo_cache, tmp_path, "--model.reference=someone/else"))
+        check_lora_config(*_sections(lora_config(demo_cache, tmp_path, "--model.reference=someone/else")))
     with pytest.raises(ConfigError, match="ref_reset_every"):
-        check_lora_config(lora_config(demo_cache, tmp_path, "--objective.ref_reset_every=10"))
-    check_lora_config(lora_config(demo_cache, tmp_path, "--model.reference=builtin:tiny-arithmetic"))
+        check_lora_config(*_sections(lora_config(demo_cache, tmp_path, "--objective.ref_reset_every=10")))
+    check_lora_config(*_sections(lora_config(demo_cache, tmp_path, "--model.reference=builtin:tiny-arithmetic")))
 
 
 def test_tba_train_rejects_them_before_the_run_directory_exists(tmp_path, demo_cache, capsys):
@@ -174,7 +179,7 @@ def test_missing_peft_says_how_to_install_it(tmp_path, demo_cache, tiny_model, m
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` now raises ImportError
     cfg = lora_config(demo_cache, tmp_path)
     with pytest.raises(ImportError, match=r"pip install 'tba\[lora\]'"):
-        check_lora_config(cfg)
+        check_lora_config(cfg.model, cfg.objective)
     with pytest.raises(ImportError, match=r"pip install 'tba\[lora\]'"):
         add_adapter(tiny_model, cfg.model.lora)
     assert not is_lora(tiny_model)

@@ -51,3 +51,21 @@ def fresh_row(cmd: list, what: str) -> dict:
 def hog() -> subprocess.Popen:
     """A process that keeps one core busy until it is stopped (a loaded machine's other process)."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def sync_components(path: str | None, overrides: list[str]):
+    """A sync run's parts in this process (the searcher, the trainer, the buffer), built as ``tba
+    train`` builds them from the config at ``path`` (None: the demo) with ``overrides``, the trainer's
+    first weights published, for benchmarks that time a step's parts one by one."""
+    from tba.config import load_config
+    from tba.plan import plan_run
+    from tba.runtime.build import build_components
+    from tba.runtime.preflight import prepare_task, ready_plan
+
+    cfg = load_config(path, ["--runtime.type=sync", *overrides])
+    prepared = prepare_task(cfg, lambda msg: None)
+    cfg, plan = plan_run(cfg)
+    plan = ready_plan(cfg, plan, prepared[1], lambda msg: None, task=prepared[0])
+    c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
+    c.trainer.publish()
+    return cfg, c

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tba.config import Config, ConfigError, LoraConfig
+from tba.config import ConfigError, LoraConfig, ModelConfig, ObjectiveConfig
 from tba.errors import MissingDependency
 from tba.objectives.needs import needs
 
@@ -43,10 +43,9 @@ def require_peft():
     return peft
 
 
-def check_lora_config(cfg: Config) -> None:
-    """Reject settings that LoRA's reference (the base model, adapter off) cannot honour; check that
-    PEFT is installed. Raises before any model is loaded."""
-    m = cfg.model
+def check_lora_config(m: ModelConfig, objective: ObjectiveConfig) -> None:
+    """Reject ``model`` settings that LoRA's reference (the base model, adapter off) cannot honour
+    with ``objective``; check that PEFT is installed. Raises before any model is loaded."""
     if m.lora is None:
         return
     if m.reference is not None and m.reference != m.policy:
@@ -54,7 +53,7 @@ def check_lora_config(cfg: Config) -> None:
             f"model.lora uses the policy with its adapter switched off as the reference, so model.reference "
             f"({m.reference!r}) must be unset or equal model.policy ({m.policy!r})"
         )
-    if needs(cfg.objective).moves_reference(cfg.objective):
+    if needs(objective).moves_reference(objective):
         raise ConfigError(
             "objective.ref_reset_every (TBA′) moves the reference to the current policy, but with model.lora the "
             "reference is the frozen base model; unset objective.ref_reset_every or model.lora"

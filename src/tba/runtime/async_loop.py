@@ -91,7 +91,7 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         ahead = None if plan.max_ahead is None else plan.max_ahead * cfg.trainer.batch_prompts
         channel, _boards = open_channel(plan.transport, run_id, r.num_searchers)  # (kept for the run)
         names = (channel, f"tba-inbox-{run_id}")
-        weights = _sender(cfg, channel, lambda m: chatter.print(m, highlight=False, markup=False))
+        weights = _sender(cfg.trainer.num_ranks, channel, lambda m: chatter.print(m, highlight=False, markup=False))
         parts = closing.enter_context(_Parts(weights))  # closed once the searchers are stopped
         inbox = Inbox.options(name=names[1]).remote(ahead)
         closing.callback(inbox.stop.remote)
@@ -153,10 +153,11 @@ class _Parts:
         (self.c or self.weights).close()
 
 
-def _sender(cfg: Config, channel: Channel, log) -> Sender:
+def _sender(num_ranks: int, channel: Channel, log) -> Sender:
     """The trainer's side of the run's weight channel: on a thread of its own while the trainer
-    steps; with trainer ranks, rank 0 opens it in its process and publishes after the gather."""
-    if cfg.trainer.num_ranks > 1:
+    steps; with trainer ranks (``trainer.num_ranks``), rank 0 opens it in its process and publishes
+    after the gather."""
+    if num_ranks > 1:
         return RankSender(channel)
     return BackgroundPublisher(channel_sender(channel, log))
 

@@ -11,7 +11,7 @@ import torch
 
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
-from tba.config import Config
+from tba.config import BufferConfig, Config
 from tba.conversations import make_conversations
 from tba.evaluation import Evaluator
 from tba.generation.base import Generator, SamplingParams
@@ -71,15 +71,15 @@ class Components:
                         part.close()
 
 
-def make_buffer(cfg: Config, plan: Plan) -> ReplayBuffer:
-    b = cfg.buffer
+def make_buffer(b: BufferConfig, seed: int, plan: Plan) -> ReplayBuffer:
+    """The replay buffer of ``buffer`` settings, drawing with ``seed`` (``run.seed``)."""
     return ReplayBuffer(
         capacity=b.capacity,
         per_prompt_capacity=b.per_prompt_capacity,
         recent_prob=b.recent_prob,
         reward_inv_temp=b.reward_inv_temp,
         min_completions=b.min_completions,
-        seed=cfg.run.seed,
+        seed=seed,
         flat_weight=plan.flat_weight,
     )
 
@@ -230,7 +230,7 @@ def build_searcher(cfg: Config, plan: Plan, weights: Receiver, searcher_id: int 
     device = plan.torch_device
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or plan.policy, m.trust_remote_code)
-    task = make_task(cfg, tokenizer, log)
+    task = make_task(cfg.task, cfg.model.chat_template, tokenizer, log)
     task.setup(device)  # task-owned models live in searcher processes, never in the trainer
     sampler = None  # with vLLM the engine loads the policy itself
     if cfg.generation.backend == "hf" or m.lora is not None:  # vLLM with LoRA: the adapter's base, merged from
@@ -262,7 +262,7 @@ def build_components(
     eos = completion_eos(plan)
     device = plan.torch_device
     m = cfg.model
-    tokenizer = policy_tokenizer(cfg, plan, prepared_tokenizer)
+    tokenizer = policy_tokenizer(cfg.model, plan, prepared_tokenizer)
     precision = Precision(plan.precision, device.type)
     precision.warn(log)
     ranks = None
@@ -278,7 +278,7 @@ def build_components(
         ranks = RankGroup(cfg, plan, pad, eos, log, initial=policy_state(policy) if m.lora is not None else None)
     lag = plan.extra_lag
     weights = weights or LocalWeightStore(keep=publications_to_keep(lag, cfg.trainer.sync_interval))
-    buffer = make_buffer(cfg, plan)
+    buffer = make_buffer(cfg.buffer, cfg.run.seed, plan)
     trainer = make_trainer(
         cfg,
         plan,

@@ -35,7 +35,7 @@ import sys
 import ray
 import torch
 
-from tba.config import Config
+from tba.config import Config, RuntimeConfig
 from tba.errors import interrupt_on_sigterm
 from tba.machine import usable_cores
 from tba.plan import Plan, driver_holds_gpu
@@ -74,9 +74,10 @@ def init_ray(
     return True
 
 
-def start_watchdog(cfg: Config) -> subprocess.Popen | None:
-    """The watchdog of a local Ray instance this run is about to start (none when joining a cluster)."""
-    if cfg.runtime.address or ray.is_initialized() or not sys.platform.startswith("linux"):
+def start_watchdog(runtime: RuntimeConfig) -> subprocess.Popen | None:
+    """The watchdog of a local Ray instance this run is about to start (none when joining a cluster:
+    ``runtime.address``)."""
+    if runtime.address or ray.is_initialized() or not sys.platform.startswith("linux"):
         return None
     proc = subprocess.Popen(
         [sys.executable, watchdog_module.__file__, "--pid", str(os.getpid())],
@@ -104,7 +105,7 @@ def ray_session(cfg: Config, plan: Plan):
     ``runtime.address`` or start a local instance, watched by the watchdog, without the GPU this
     process uses (:func:`driver_device`); SIGTERM unwinds the run; shut down at the end. Yields
     whether this run started the instance."""
-    watchdog = start_watchdog(cfg)
+    watchdog = start_watchdog(cfg.runtime)
     started, old_sigterm = False, None
     try:
         started = init_ray(cfg, driver_device(cfg, plan.torch_device), plan.hardware.gpus, plan.hardware.cpus)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tba.config import Config, ConfigError
+from tba.config import Config, ConfigError, GenerationConfig, ModelConfig
 from tba.conversations import make_conversations
 from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.demo.builtin import build_builtin
@@ -47,14 +47,16 @@ def context_length(config) -> int | None:
     return None
 
 
-def check_context(cfg: Config, task: Task, tokenizer, config, sample: int = 256) -> None:
+def check_context(
+    m: ModelConfig, g: GenerationConfig, task_cfg, task: Task, tokenizer, config, sample: int = 256
+) -> None:
     """Refuse a run whose prompts leave no room for their completions in the policy's context: the
     longest of ``sample`` evaluation prompts and ``sample`` training prompts (drawn without moving the
     task's place), plus ``generation.max_new_tokens``, against the positions the model's config
     allows. Such a model writes nothing usable (HF generation past the context gives empty or
     garbled completions, vLLM refuses the request), and the run would fill its buffer forever."""
-    limit, new = context_length(config), cfg.generation.max_new_tokens
-    bound = getattr(cfg.task, "max_prompt_tokens", None)  # the task drops longer prompts
+    limit, new = context_length(config), g.max_new_tokens
+    bound = getattr(task_cfg, "max_prompt_tokens", None)  # the task drops longer prompts
     if limit is None or (bound is not None and bound + new <= limit):
         return
     state = task.sampler_state()
@@ -63,7 +65,7 @@ def check_context(cfg: Config, task: Task, tokenizer, config, sample: int = 256)
     finally:
         task.load_sampler_state(state)
     prompts = drawn + task.eval_prompts()[:sample]
-    longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.model.chat_template)), default=0)
+    longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts, m.chat_template)), default=0)
     if longest + new > limit:
         room = limit - new
         fix = (
@@ -73,13 +75,14 @@ def check_context(cfg: Config, task: Task, tokenizer, config, sample: int = 256)
         )
         raise ConfigError(
             f"prompts of up to {longest} tokens plus generation.max_new_tokens={new} need {longest + new} "
-            f"positions, and the policy's context is {limit} ({cfg.model.policy}): {fix}, or use a model "
+            f"positions, and the policy's context is {limit} ({m.policy}): {fix}, or use a model "
             "with a longer context"
         )
 
 
-def make_task(cfg: Config, tokenizer=None, log=print) -> Task:
-    return build_task(cfg.task, tokenizer=tokenizer, chat_template=cfg.model.chat_template, log=log)
+def make_task(task_cfg, chat_template: bool | None, tokenizer=None, log=print) -> Task:
+    """The task of ``task_cfg`` (``task``), its prompts encoded as the policy's ``chat_template`` says."""
+    return build_task(task_cfg, tokenizer=tokenizer, chat_template=chat_template, log=log)
 
 
 def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
@@ -87,14 +90,14 @@ def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
     built): the dataset loads, its prompts fit, and the reward functions score two evaluation
     rows; ``model.lora`` settings fit LoRA's reference. Raises with a message that says what to fix."""
     quiet_transformers()
-    check_lora_config(cfg)
+    check_lora_config(cfg.model, cfg.objective)
     m = cfg.model
     if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # its tokenizer, without building the model
         tokenizer = build_tool_tokenizer() if m.policy == TOOL_MODEL else build_char_tokenizer()
     else:
         what = "model.tokenizer" if m.tokenizer else "model.policy"
         tokenizer = load_tokenizer(m.tokenizer or m.policy, m.trust_remote_code, what=what)
-    task = make_task(cfg, tokenizer, log)
+    task = make_task(cfg.task, cfg.model.chat_template, tokenizer, log)
     task.check()
     if cfg.task.multi_turn:  # the tools load and the template can call them, before any model is loaded
         make_conversations(cfg.task, tokenizer, eos_ids(tokenizer, None, m.eos_tokens, m.chat_template)).close()
@@ -107,10 +110,9 @@ def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
     return task, tokenizer
 
 
-def policy_tokenizer(cfg: Config, plan: Plan, prepared_tokenizer):
+def policy_tokenizer(m: ModelConfig, plan: Plan, prepared_tokenizer):
     """The policy's tokenizer: a built-in model's folder has its own (``model.tokenizer`` unset), else
     the one :func:`prepare_task` loaded."""
-    m = cfg.model
     if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):
         return load_tokenizer(plan.policy, m.trust_remote_code)
     return prepared_tokenizer
@@ -123,15 +125,14 @@ def ready_plan(cfg: Config, plan: Plan, prepared_tokenizer, log=print, task: Tas
     before it builds anything; a library user builds components from this plan. Given the prepared
     ``task``, its prompts are checked against the policy's context too (:func:`check_context`)."""
     config = check_models(cfg, plan, log)
-    tokenizer = policy_tokenizer(cfg, plan, prepared_tokenizer)
+    tokenizer = policy_tokenizer(cfg.model, plan, prepared_tokenizer)
     if task is not None:
-        check_context(cfg, task, tokenizer, config)
-    return plan_with_eos(cfg, plan, tokenizer)
+        check_context(cfg.model, cfg.generation, cfg.task, task, tokenizer, config)
+    return plan_with_eos(cfg.model, plan, tokenizer)
 
 
-def plan_with_eos(cfg: Config, plan: Plan, tokenizer) -> Plan:
+def plan_with_eos(m: ModelConfig, plan: Plan, tokenizer) -> Plan:
     """``plan`` with the ids that end a completion, found before the policy's weights load (from its
     generation config), so that searcher processes can start while the trainer loads them."""
-    m = cfg.model
     config = generation_config_of(plan.policy, m.trust_remote_code)
     return plan.with_eos(eos_ids(tokenizer, None, m.eos_tokens, m.chat_template, generation_config=config))
