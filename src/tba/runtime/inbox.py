@@ -54,7 +54,7 @@ class Inbox:
                 self.carried[i] = {"searcher/prompts_taken": lost, "searcher/lost_in_flight": lost}
 
     def place(self, searcher_id: int) -> dict | None:
-        """Where searcher ``searcher_id`` goes on from (:meth:`tba.searcher.base.Searcher.place`): its
+        """The place searcher ``searcher_id`` goes on from (:meth:`tba.searcher.base.Searcher.place`): its
         latest put's, else a resumed run's checkpoint's; None for a searcher that starts afresh."""
         last = self.reports.get(searcher_id)
         return last.place if last is not None and last.place is not None else self.places.get(searcher_id)
