@@ -92,7 +92,8 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         channel, _boards = open_channel(plan.transport, run_id, r.num_searchers)  # (kept for the run)
         names = (channel, f"tba-inbox-{run_id}")
         weights = _sender(cfg.trainer.num_ranks, channel, lambda m: chatter.print(m, highlight=False, markup=False))
-        parts = closing.enter_context(_Parts(weights))  # closed once the searchers are stopped
+        c = None  # the parts close the sender with the rest, once built; once the searchers are stopped
+        closing.callback(lambda: (c if c is not None else weights).close())
         inbox = Inbox.options(name=names[1]).remote(ahead)
         closing.callback(inbox.stop.remote)
         actors: list = []
@@ -105,7 +106,7 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         if early:
             background = _start_actors(cfg, plan, names, shared, actors)
             startup.mark("starting searchers")
-        c = parts.built(build_components(cfg, plan, log, weights=weights, with_searcher=False, prepared=prepared))
+        c = build_components(cfg, plan, log, weights=weights, with_searcher=False, prepared=prepared)
         startup.mark("trainer's model")
         if not early:
             background = _start_actors(cfg, plan, names, shared, actors)
@@ -133,24 +134,6 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log, say)
         c.trainer.flush_publication()  # the last publication lands while its searchers still listen
     return run_dir, finish(console, run_dir, c, cfg, start, extra)
-
-
-class _Parts:
-    """The run's parts for clean-up: until the components are built, the weights' sender alone
-    (``Components.close`` closes it with the rest, after the searchers stopped)."""
-
-    def __init__(self, weights: Sender) -> None:
-        self.weights, self.c = weights, None
-
-    def built(self, c: Components) -> Components:
-        self.c = c
-        return c
-
-    def __enter__(self) -> _Parts:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        (self.c or self.weights).close()
 
 
 def _sender(num_ranks: int, channel: Channel, log) -> Sender:
@@ -207,18 +190,18 @@ def _train(
     initial: dict,
     inbox,
     pool: SearcherPool,
-    background: BackgroundEvaluation | None = None,
-    startup: StartUp | None = None,
-    log=print,
-    say=None,
+    background: BackgroundEvaluation | None,
+    startup: StartUp,
+    log,
+    say,
 ) -> dict:
     """The steps of a ray run (:func:`tba.runtime.steps.train_steps`) from the inbox of its searchers."""
     t, plan = cfg.trainer, c.plan
     gate = StepGate(t.batch_prompts * cfg.generation.group_size, t.max_replay_ratio, plan.replay_window, plan.lag_bound)
-    source = InboxSource(c, inbox, pool, run_dir, gate, t.batch_prompts, startup or StartUp(time.time()), log)
+    source = InboxSource(c, inbox, pool, run_dir, gate, t.batch_prompts, startup, log)
     here = local_threads(cfg, plan.trainer_threads, plan.searcher_threads, plan.rank_threads)
     slowdown = SlowdownWatch(plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
     evaluations = None
     if background is not None:
         evaluations = BackgroundEvaluations(background, lambda: published_weights(c), cfg.eval.every, t.steps)
-    return train_steps(c, cfg, run_dir, metrics, initial, source, slowdown, say or pool.log, evaluations)
+    return train_steps(c, cfg, run_dir, metrics, initial, source, slowdown, say, evaluations)

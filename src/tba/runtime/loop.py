@@ -22,7 +22,6 @@ and throughput (the sync runtime's generation counts as time the trainer is not 
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,9 +63,8 @@ class RolloutSource(Protocol):
 
 
 class Observer(Protocol):
-    def after_step(self, step: int, record: dict) -> None: ...
-
-    def close(self) -> None: ...
+    def after_step(self, step: int, record: dict) -> None:
+        """See the step's ``record`` (logged at ``step``); may add to it."""
 
 
 class StepClock:
@@ -78,9 +76,13 @@ class StepClock:
         self.samples_per_step = samples_per_step
         self.peak = PeakMemory(device)
         self.step_peak = 0.0
-        self.start = self.begun = self.trained = time.perf_counter()
+        self.start = self.begun = self.trained = self.observed = time.perf_counter()
         self.busy_s = self.paused_s = self.wait_total_s = self.longest_pause_s = 0.0
         self.samples = 0
+
+    def restart(self) -> None:
+        """The loop starts now: its active time counts from here."""
+        self.start = self.observed = time.perf_counter()
 
     def begin(self) -> None:
         self.begun = time.perf_counter()
@@ -136,24 +138,21 @@ def train_loop(
 ) -> dict:
     """Train until ``steps``: the fill (None: none, ``buffer.fresh_only``), then a step at a time,
     each seen by every observer in order. Returns the run's figures for ``summary.json``."""
-    with ExitStack() as closing:
+    if fill is not None:
+        source.fill(fill)
+    clock.restart()  # (the fill is not the loop's time)
+    while trainer.version < steps:
+        clock.begin()
+        delivery = source.next(trainer.version)
+        clock.training(delivery)
+        record = trainer.learn_nothing() if delivery.empty else trainer.learn(delivery.batch)
+        record = trainer.publish_due(record)  # the weights to the searchers, every trainer.sync_interval
+        source.stepped()
+        clock.stepped()
+        record.update(delivery.metrics)
+        record.update(source.metrics())
+        record.update(clock.metrics())
         for observer in observers:
-            closing.callback(observer.close)
-        if fill is not None:
-            source.fill(fill)
-        clock.start = clock.observed = time.perf_counter()
-        while trainer.version < steps:
-            clock.begin()
-            delivery = source.next(trainer.version)
-            clock.training(delivery)
-            record = trainer.learn_nothing() if delivery.empty else trainer.learn(delivery.batch)
-            record = trainer.publish_due(record)  # the weights to the searchers, every trainer.sync_interval
-            source.stepped()
-            clock.stepped()
-            record.update(delivery.metrics)
-            record.update(source.metrics())
-            record.update(clock.metrics())
-            for observer in observers:
-                observer.after_step(trainer.version, record)
-            clock.paused()
+            observer.after_step(trainer.version, record)
+        clock.paused()
     return {**clock.summary(), **source.summary()}

@@ -2,7 +2,9 @@
 them: evaluation (inline, or submitted to the evaluation actor), the run's watches (a fall below the
 start, a slowdown), the metrics log, checkpoints, the background evaluations that finished, the
 display. Each is an ``after_step(step, record)``; an evaluation's metrics join the step's record
-before it is logged, so a checkpoint always finds its step logged."""
+before it is logged, so a checkpoint always finds its step logged. They hold nothing to release:
+the runtime that made the metrics logger and the evaluation actor closes them, after a failure
+too."""
 
 from __future__ import annotations
 
@@ -33,9 +35,6 @@ class InlineEvaluation:
         if due(step, self.cfg.eval.every, self.cfg.trainer.steps):
             record.update(evaluate_policy(self.c, self.cfg, self.run_dir, step, self.metrics))
 
-    def close(self) -> None:
-        pass
-
 
 class BackgroundEvaluations:
     """``eval.async``: the trainer's weights go to the evaluation actor when due; what it finished
@@ -60,9 +59,6 @@ class BackgroundEvaluations:
         finished, self.finished = self.finished, []
         return finished
 
-    def close(self) -> None:
-        self.background.stop()
-
 
 class Watches:
     """A fall below the start (:class:`FallWatch`) and steps slowed by other processes
@@ -79,9 +75,6 @@ class Watches:
             if message:
                 self.say(message)
 
-    def close(self) -> None:
-        pass
-
 
 class MetricsLog:
     """The step's record into ``metrics.jsonl`` (and TensorBoard, W&B) every ``logging.every`` steps
@@ -94,9 +87,6 @@ class MetricsLog:
         if step % self.every == 0 or self.key in record:
             record["train/peak_memory_gb"] = self.clock.take_peak()
             self.metrics.log(step, record)
-
-    def close(self) -> None:
-        pass  # (the runtime closes the logger: after a failure too, and a W&B run as failed)
 
 
 class Checkpoints:
@@ -111,9 +101,6 @@ class Checkpoints:
             if self.before is not None:
                 self.before()
             save(self.c, self.run_dir)
-
-    def close(self) -> None:
-        pass
 
 
 class FinishedEvaluations:
@@ -134,9 +121,6 @@ class FinishedEvaluations:
             self.metrics.log(f.step, f.metrics)
             self.shown.append(f.metrics)
 
-    def close(self) -> None:
-        pass
-
 
 class Display:
     """The progress line; the searchers' versions where the source has them. The display stays at
@@ -153,6 +137,3 @@ class Display:
             self.display.update(step, record)
         else:
             self.display.update(step, record, versions)
-
-    def close(self) -> None:
-        pass

@@ -31,22 +31,22 @@ class LocalSource:
         """``fresh_only`` (``buffer.fresh_only``): each step trains on its own groups, the buffer unused."""
         self.c, self.run_dir = c, run_dir
         self.fresh_only, self.group_size, self.seed = fresh_only, group_size, seed
+        self.report: SearcherReport | None = None  # the searcher's latest
 
-    def _search(self) -> tuple[list, int]:
-        """A batch from the searcher, noted in the ledger; with the number of prompts it dropped."""
+    def _search(self) -> tuple[list, SearcherReport]:
+        """A batch from the searcher and its report, noted in the ledger."""
         searcher = self.c.searcher
         groups = searcher.step()
-        report = searcher.report()
-        self.c.ledger.record(groups, {searcher.searcher_id: report})
+        self.report = searcher.report()  # (its counters are the step's record's)
+        self.c.ledger.record(groups, {searcher.searcher_id: self.report})
         log_errors(self.run_dir, searcher.new_errors())
-        self.report = report
-        return groups, len(report.dropped_draws)
+        return groups, self.report
 
     def fill(self, fill: Fill) -> None:
         while not fill.ready():
-            groups, dropped = self._search()
+            groups, report = self._search()
             self.c.trainer.ingest(groups)
-            fill.observe(len(groups), dropped, self.report.metrics)
+            fill.observe(len(groups), len(report.dropped_draws), report.metrics)
 
     def next(self, version: int) -> Delivery:
         start = time.perf_counter()
@@ -66,7 +66,7 @@ class LocalSource:
         pass
 
     def metrics(self) -> dict[str, float]:
-        return {**self.c.searcher.metrics(), **self.c.ledger.metrics()}
+        return {**self.report.metrics, **self.c.ledger.metrics()}
 
     def versions(self) -> None:
         return None

@@ -118,14 +118,11 @@ class Trainer(Learner):
             self.write_wait_s = 0.0
         return metrics
 
-    def publication_due(self) -> bool:
-        """Whether the current version is one to publish: every ``trainer.sync_interval`` steps."""
-        return self.version % self.cfg.sync_interval == 0
-
     def publish_due(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Publish the current weights if :meth:`publication_due` (its seconds join
-        ``train/publish_s``), and add the transport's metrics to ``metrics``."""
-        if self.publication_due():
+        """Publish the current weights if the version is one to publish, every
+        ``trainer.sync_interval`` steps (its seconds join ``train/publish_s``), and add the
+        transport's metrics to ``metrics``."""
+        if self.version % self.cfg.sync_interval == 0:
             metrics["train/publish_s"] = metrics.get("train/publish_s", 0.0) + self.publish()
         metrics.update(self.weights.metrics())  # the transport's (raises what a publisher's thread raised)
         return metrics
