@@ -12,8 +12,8 @@ import pytest
 
 from tba import demo
 from tba.config import load_config
-from tba.demo import index
 from tba.demo.warm_start import reached
+from tba.models import builtin as index
 from tba.models.tiny import DEFAULT_SPEC, TinySpec
 from tba.plan import make_plan
 from tba.runtime.preflight import check_models

@@ -4,66 +4,27 @@ first use and cached under ``$TBA_CACHE`` (default ``~/.cache/tba``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from tba.demo.index import SHIPPED_DIR, shipped
-from tba.demo.warm_start import TOOL_SPEC, warm_start, warm_start_tools
+from tba.demo.warm_start import warm_start, warm_start_tools
+from tba.models.builtin import (  # noqa: F401  (the names of tba.demo)
+    BUILTIN_PREFIX,
+    SHIPPED_DIR,
+    TOOL_MODEL,
+    TOOL_SPEC,
+    builtin_location,
+    cache_root,
+    shipped,
+    tiny_model_path,
+)
 from tba.models.tiny import DEFAULT_SPEC, TinySpec, build_char_tokenizer, build_tiny_llama, build_tool_tokenizer
 from tba.tasks.arithmetic import ArithmeticTask
-
-BUILTIN_PREFIX = "builtin:"
-TOOL_MODEL = "builtin:tiny-tools"
-
-
-MULTI_TURN_SETTINGS = (
-    "tools",
-    "environment",
-    "environment_args",
-    "max_turns",
-    "max_trajectory_tokens",
-    "tool_timeout",
-    "agent",
-    "agent_args",
-    "agent_timeout",
-    "system_prompt",
-    "environment_workers",
-)
-
-
-def cache_root(cache_dir: str | None = None) -> Path:
-    return Path(cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
-
-
-def tiny_model_path(
-    task_cfg, cache_dir: str | None = None, spec: TinySpec = DEFAULT_SPEC, kind: str = "tiny-arithmetic"
-) -> Path:
-    """Where the demo checkpoint of this arithmetic setting is cached: named by a hash of the setting."""
-    setting = task_cfg.model_dump()
-    for name in ("reward_timeout", *MULTI_TURN_SETTINGS):  # how rollouts are run, not what the model learns
-        setting.pop(name, None)
-    for name, default in (("terms", 2), ("show_work", False)):  # settings added later: keep the old caches' keys
-        if setting.get(name) == default:
-            setting.pop(name, None)
-    key = {"task": setting, "spec": asdict(spec)}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_root(cache_dir) / f"{kind}-{digest}"
-
-
-def builtin_location(name: str, task_cfg, cache_dir: str | None = None) -> Path:
-    """Where the built-in model ``name`` of this arithmetic setting loads from, building nothing: the
-    folder the package ships (its weights checked by hash), else its cache folder (built or not yet).
-    The run plan's path of it; :func:`build_builtin` builds it there."""
-    spec, kind = (TOOL_SPEC, "tiny-tools") if name == TOOL_MODEL else (DEFAULT_SPEC, "tiny-arithmetic")
-    path = tiny_model_path(task_cfg, cache_dir, spec, kind=kind)
-    return shipped(path.name) or path
 
 
 def build_builtin(name: str, task_cfg, path: Path, log=print, spec: TinySpec | None = None) -> Path:

@@ -13,20 +13,16 @@ from tba.environments import ToolEnvironment, environment_text
 from tba.generation.base import SamplingParams
 from tba.generation.hf import HFGenerator
 from tba.generation.turns import Conversations
+from tba.models.builtin import DEFAULT_SPEC, TOOL_SPEC, TinySpec
 from tba.models.logprobs import pack
-from tba.models.tiny import CALL_CLOSE, CALL_OPEN, DEFAULT_SPEC, TinySpec
+from tba.models.tiny import CALL_CLOSE, CALL_OPEN
 from tba.tasks.arithmetic import ArithmeticTask
 from tba.tasks.calculator import calculator
 from tba.tools import load_tools, tool_call_format
 
 TOOLS = ["tba.tasks.calculator:calculator"]
 """The tool demo's tools."""
-TOOL_SPEC = TinySpec(max_positions=96, lr=3e-4, check_every=2, target_accuracy=0.3, validation_size=128, version=2)
 TOOL_TRAJECTORY_TOKENS = 48  # the tool demo's task.max_trajectory_tokens: a call, its answer, the final answer
-"""The tool demo model: the demo's shape over :func:`build_tool_tokenizer`, warm-started on
-calculator traces until it solves 30% of validation problems with the tool (the mean of the last
-three checks, two steps apart: accuracy jumps within a few steps once the model starts calling
-the tool)."""
 
 
 def greedy_accuracy(model, tokenizer, task: ArithmeticTask, prompts, max_new_tokens: int = 8) -> float:

@@ -5,37 +5,15 @@ settings). Warm-starting it into the demo's model is :mod:`tba.demo`'s job."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from tba.models.builtin import DEFAULT_SPEC, TinySpec
+
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*/=() ")
-
-
-@dataclass(frozen=True)
-class TinySpec:
-    hidden_size: int = 128
-    layers: int = 4
-    heads: int = 4
-    intermediate_size: int = 384
-    max_positions: int = 64
-    # warm start
-    batch_size: int = 64
-    lr: float = 1e-3
-    max_steps: int = 3000
-    check_every: int = 25
-    target_accuracy: float = 0.3
-    smooth_checks: int = 3  # stop when the mean of this many last checks reaches target_accuracy
-    validation_size: int = 256
-    seed: int = 0
-    version: int = 5  # bump when the recipe changes so caches are rebuilt
-
-
-DEFAULT_SPEC = TinySpec()
-"""The demo model's shape and warm start."""
 
 
 def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
@@ -92,7 +70,7 @@ def build_tool_tokenizer() -> PreTrainedTokenizerFast:
     return _word_tokenizer(SPECIALS + CHARS + TOOL_TOKENS, f"{words}|.", TOOL_TEMPLATE)
 
 
-def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, spec: TinySpec = TinySpec()) -> LlamaForCausalLM:
+def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, spec: TinySpec = DEFAULT_SPEC) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,

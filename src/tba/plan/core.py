@@ -22,6 +22,7 @@ import torch
 
 from tba.config import ArithmeticTaskConfig, Config, ConfigError, with_values
 from tba.hardware import DTYPES, Hardware, resolve_device_name, resolve_dtype_name, resolve_precision_name
+from tba.models.builtin import BUILTIN_PREFIX, TOOL_MODEL, builtin_location
 from tba.objectives.needs import needs
 from tba.plan.auto import (
     flat_weight,
@@ -199,8 +200,6 @@ class Plan:
 def builtin_setting(name: str, cfg: Config) -> ArithmeticTaskConfig | None:
     """The arithmetic setting a built-in model (``builtin:...``) is warm-started on: the run's task
     when it is arithmetic, else the model's default one; None for a model that is not built in."""
-    from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
-
     if not name.startswith(BUILTIN_PREFIX):
         return None
     if name == TOOL_MODEL:  # warm-started on calculator traces of the arithmetic task's setting
@@ -215,8 +214,6 @@ def builtin_setting(name: str, cfg: Config) -> ArithmeticTaskConfig | None:
 def model_location(name: str, cfg: Config) -> str:
     """Where ``name`` (``model.policy`` or ``model.reference``) loads from, without loading or
     building anything: a hub id or path as given; a built-in model's shipped or cached folder."""
-    from tba.demo.builtin import builtin_location
-
     warm = builtin_setting(name, cfg)
     return name if warm is None else str(builtin_location(name, warm, cfg.model.cache_dir))
 
