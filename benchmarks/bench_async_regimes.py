@@ -55,7 +55,6 @@ from pathlib import Path
 
 from harness import (
     ROOT,
-    fmt,
     load_results,
     machine_line,
     mean_std,
@@ -64,31 +63,30 @@ from harness import (
     parse_with_overrides,
     print_machine,
     results_folder,
-    row,
     spread,
-    train,
 )
 from harness.settings import REAL_MODEL, SETTINGS
+from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, table
 
 # the sequence band (what tb_trust_region auto means for tb) and plain trajectory balance, both named
 SEQUENCE_BAND = ["--objective.tb_trust_region=0.5", "--objective.tb_trust_region_sequence=true"]
 PLAIN = ["--objective.tb_trust_region=null"]
-ARMS: dict[str, list[str]] = {
-    "sync": ["--runtime.type=sync", *PLAIN],
-    "ray": ["--runtime.type=ray", *PLAIN],
-    "ray_lag1": ["--runtime.type=ray", "--runtime.max_lag=1", *PLAIN],
-    "ray_seq": ["--runtime.type=ray", *SEQUENCE_BAND],
-    "ray_tok": ["--runtime.type=ray", "--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=false"],
-    "ray_ess": ["--runtime.type=ray", "--objective.tb_ess_lr=true", *PLAIN],
-    "sync_seq": ["--runtime.type=sync", *SEQUENCE_BAND],
+ARMS: dict[str, tuple[str, list[str]]] = {  # name -> (runtime.type, other overrides)
+    "sync": ("sync", PLAIN),
+    "ray": ("ray", PLAIN),
+    "ray_lag1": ("ray", ["--runtime.max_lag=1", *PLAIN]),
+    "ray_seq": ("ray", SEQUENCE_BAND),
+    "ray_tok": ("ray", ["--objective.tb_trust_region=0.2", "--objective.tb_trust_region_sequence=false"]),
+    "ray_ess": ("ray", ["--objective.tb_ess_lr=true", *PLAIN]),
+    "sync_seq": ("sync", SEQUENCE_BAND),
     # the ray runtime drawing the recent groups uniformly (its buffer.flat_weight auto is 0: contrast first)
-    "ray_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1", *PLAIN],
+    "ray_flat1": ("ray", ["--buffer.flat_weight=1", *PLAIN]),
     # the sequence band with each of the ray runtime's other differences from sync taken away
-    "ray_seq_flat1": ["--runtime.type=ray", "--buffer.flat_weight=1", *SEQUENCE_BAND],
-    "ray_seq_lag1": ["--runtime.type=ray", "--runtime.max_lag=1", *SEQUENCE_BAND],
+    "ray_seq_flat1": ("ray", ["--buffer.flat_weight=1", *SEQUENCE_BAND]),
+    "ray_seq_lag1": ("ray", ["--runtime.max_lag=1", *SEQUENCE_BAND]),
     # sync with the searcher's weights exactly 2 steps old: the ray runtime's lag without its timing
-    "sync_lag2": ["--runtime.type=sync", "--runtime.extra_lag=2", *PLAIN],
-    "sync_lag2_seq": ["--runtime.type=sync", "--runtime.extra_lag=2", *SEQUENCE_BAND],
+    "sync_lag2": ("sync", ["--runtime.extra_lag=2", *PLAIN]),
+    "sync_lag2_seq": ("sync", ["--runtime.extra_lag=2", *SEQUENCE_BAND]),
 }
 DEFAULT_ARMS = ["sync", "ray", "ray_lag1", "ray_seq", "ray_tok", "ray_ess"]
 
@@ -123,22 +121,41 @@ def diagnose(run_dir: Path, metric: str) -> dict:
     }
 
 
-def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
+def arms(setting: str, names: list[str], seeds: list[int]) -> list[Arm]:
+    """``names`` of :data:`ARMS` in ``setting`` (:data:`harness.settings.SETTINGS`)."""
+    args = list(SETTINGS[setting])
+    config = args.pop(0) if args and args[0].endswith(".yaml") else None
+    return [
+        Arm(
+            f"{setting}-{name}",
+            ARMS[name][0],
+            [*args, *ARMS[name][1]],
+            config,
+            seeds,
+            fields={"setting": setting, "arm": name},
+        )
+        for name in names
+    ]
+
+
+def run(trial: Trial, out: Path, extra: list[str]) -> dict:
+    setting, arm = trial.arm.fields["setting"], trial.arm.fields["arm"]
+    if setting == "real" and not (REAL_MODEL / "config.json").is_file():
+        raise SystemExit(f"{REAL_MODEL} is missing: build it as bench_real_model.py says")
     metric = "eval/reward" if setting == "real" else "eval/accuracy"
-    name = f"{setting}-{arm}-seed{seed}"
-    args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false"]
-    done = train([*args, *extra], out, name, cwd=ROOT, clear=True)
+    done = trial.train(out, ["--logging.progress=false", *extra], cwd=ROOT, clear=True)
     summary = done.summary()
-    args += [f"--run.output_dir={out}", f"--run.name={name}"]
+    config = [str(trial.arm.config)] if trial.arm.config else []
+    args = [*config, *trial.args, "--logging.progress=false", f"--run.output_dir={out}", f"--run.name={trial.name}"]
     return {
         "setting": setting,
         "arm": arm,
-        "seed": seed,
+        "seed": trial.seed,
         **outcome(summary, metric),
         "replay_ratio": summary.get("replay_ratio"),
         "wall_clock_s": round(done.wall_s, 1),
         "run_wall_clock_s": summary.get("wall_clock_s"),
-        **diagnose(out / name, metric),
+        **diagnose(done.run_dir, metric),
         "command": " ".join(["tba train", *args, *extra]),
     }
 
@@ -212,62 +229,48 @@ def import_real_model(rows: list[dict], seeds: list[int]) -> list[dict]:
     return found
 
 
-def save(path: Path, environment: dict, rows: list[dict], merge: bool = True) -> None:
-    """Write the runs, keeping those another invocation wrote meanwhile (one file, several queues)."""
-    if merge and path.is_file():
-        mine = {(r["setting"], r["arm"], r["seed"]) for r in rows}
-        rows = rows + [
-            r for r in json.loads(path.read_text())["runs"] if (r["setting"], r["arm"], r["seed"]) not in mine
-        ]
-    path.write_text(json.dumps({"environment": environment, "runs": rows}, indent=1) + "\n")
+def each_final(r: dict) -> str:
+    """A run's final evaluation, marked where it ended below its start."""
+    return f"{r['final']:.3f}{' **below start**' if r['below_start'] else ''}"
 
 
-def table(rows: list[dict], setting: str) -> str:
+def last3(r: dict) -> float | None:
+    """The mean of the run's last three evaluations."""
+    return statistics.mean(v for _, v in r["curve"][-3:]) if r.get("curve") else None
+
+
+def table_of(rows: list[dict], setting: str) -> str:
     """One setting: a row per arm, gains against sync's."""
-    arms: dict[str, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: (list(ARMS).index(r["arm"]), r["seed"])):
-        if r["setting"] == setting:
-            arms.setdefault(r["arm"], []).append(r)
-    if not arms:
+    mine = sorted((r for r in rows if r["setting"] == setting), key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
+    if not mine:
         return ""
-    sync = [r["gain"] for r in arms.get("sync", [])]
+    sync = [r["gain"] for r in mine if r["arm"] == "sync"]
     sync_mean = statistics.mean(sync) if sync else None
     sync_std = statistics.stdev(sync) if len(sync) > 1 else None
-    lines = [
-        "| arm | seeds | start | final | gain | vs sync | each final | last 3 evaluations | sampled reward, last 10% "
-        "| gain / min | lag (new data) | lag (all trained) | wall, s |",
-        "|---" * 13 + "|",
+
+    def verdict(rs: list[dict]) -> str:
+        """The arm's mean gain less sync's, and whether it is within one of sync's standard deviations."""
+        if rs[0]["arm"] == "sync" or sync_mean is None or sync_std is None:
+            return "-"
+        gap = statistics.mean(r["gain"] for r in rs) - sync_mean
+        return f"{gap:+.3f} ({'within' if gap >= -sync_std else 'below'} 1 std)"
+
+    columns = [
+        Column("arm", "arm", "first", ""),
+        SEEDS,
+        Column("start", "initial", "mean"),
+        Column("final", "final", "std"),
+        Column("gain", "gain", "std"),
+        Column("vs sync", cell=verdict),
+        Column("each final", each_final, "each", ""),
+        Column("last 3 evaluations", last3, "std"),
+        Column("sampled reward, last 10%", "sampled_reward_last", "std"),
+        Column("gain / min", lambda r: 60 * r["gain"] / r["wall_clock_s"], "std", ".4f"),
+        Column("lag (new data)", "lag_fresh", "mean", ".2f"),
+        Column("lag (all trained)", "lag_mean", "mean", ".1f"),
+        Column("wall, s", "wall_clock_s", "mean", ".0f"),
     ]
-    for arm, rs in arms.items():
-        gains = [r["gain"] for r in rs]
-        verdict = "-"
-        if arm != "sync" and sync_mean is not None and sync_std is not None:
-            gap = statistics.mean(gains) - sync_mean
-            verdict = f"{gap:+.3f} ({'within' if gap >= -sync_std else 'below'} 1 std)"
-        each = ", ".join(f"{r['final']:.3f}{' **below start**' if r['below_start'] else ''}" for r in rs)
-        per_min = [60 * r["gain"] / r["wall_clock_s"] for r in rs]
-        last3 = [statistics.mean(v for _, v in r["curve"][-3:]) for r in rs if r.get("curve")]
-        sampled = [r["sampled_reward_last"] for r in rs if r.get("sampled_reward_last") is not None]
-        fresh = [r["lag_fresh"] for r in rs if r.get("lag_fresh") is not None]
-        lag = [r["lag_mean"] for r in rs if r.get("lag_mean") is not None]
-        lines.append(
-            row(
-                [
-                    arm,
-                    ",".join(str(r["seed"]) for r in rs),
-                    format(statistics.mean(r["initial"] for r in rs), ".3f"),
-                    *(spread(v, always_std=True) for v in ([r["final"] for r in rs], gains)),
-                    verdict,
-                    each,
-                    *(spread(v, always_std=True) for v in (last3, sampled)),
-                    spread(per_min, ".4f", always_std=True),
-                    fmt(statistics.mean(fresh) if fresh else None),
-                    fmt(statistics.mean(lag) if lag else None, ".1f"),
-                    format(statistics.mean(r["wall_clock_s"] for r in rs), ".0f"),
-                ]
-            )
-        )
-    return "\n".join(lines)
+    return table(mine, ("arm",), columns)
 
 
 COMPACT = ["sync", "sync_lag2", "sync_lag2_seq", "sync_seq", "ray", "ray_lag1", "ray_seq", "ray_tok", "ray_ess"]
@@ -319,7 +322,7 @@ def report(rows: list[dict], environment: dict | None, out: Path) -> None:
         print(f"measured on: {machine_line(environment)}")
     print(f"\n### gain by setting and arm (seeds)\n\n{compact_table(rows)}")
     for setting in SETTINGS:
-        text = table(rows, setting)
+        text = table_of(rows, setting)
         if text:
             print(f"\n### {setting}\n\n{text}")
     if rows:
@@ -343,31 +346,26 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in results.json")
     a, extra = parse_with_overrides(parser)
     results_path = results_folder(a.out, "the run directories: only results.json and the plot are kept")
-    kept = load_results(results_path, a.fresh)
-    rows = kept.get("runs", [])
-    environment = kept.get("environment")
+    results = Results(results_path, ("setting", "arm", "seed"), fresh=a.fresh)
+    environment = load_results(results_path, a.fresh).get("environment")
     if a.command == "run":
-        environment = print_machine()
+        environment = results.head["environment"] = print_machine()
         if "demo" in a.settings and not a.no_import:
-            rows += import_headline(rows, a.seeds)
+            results.rows += import_headline(results.rows, a.seeds)
         if "real" in a.settings and not a.no_import:
-            rows += import_real_model(rows, a.seeds)
+            results.rows += import_real_model(results.rows, a.seeds)
         for setting in a.settings:
             backend = (
                 [f"--generation.backend={a.real_backend}"] if setting == "real" and a.real_backend == "vllm" else []
             )
-            for arm in a.arms:
-                for seed in a.seeds:
-                    if any(r["setting"] == setting and r["arm"] == arm and r["seed"] == seed for r in rows):
-                        continue
-                    if setting == "real" and not (REAL_MODEL / "config.json").is_file():
-                        raise SystemExit(f"{REAL_MODEL} is missing: build it as bench_real_model.py says")
-                    row = run(setting, arm, seed, a.out / "runs", [*backend, *extra])
-                    print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
-                    rows.append(row)
-                    save(results_path, environment, rows, merge=not a.fresh)
-        save(results_path, environment, rows, merge=not a.fresh)
-        rows = json.loads(results_path.read_text())["runs"]
+            run_study(
+                arms(setting, a.arms, a.seeds),
+                lambda t, backend=backend: run(t, a.out / "runs", [*backend, *extra]),
+                results,
+                echo=lambda row: json.dumps({k: v for k, v in row.items() if k != "curve"}),
+            )
+        results.save()
+    rows = results.rows
     report(rows, environment, a.out)
 
 

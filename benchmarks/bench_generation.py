@@ -38,13 +38,13 @@ import os
 import platform
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from harness.measure import fresh_row
 
 from tba.machine import describe_machine, machine_line
 
@@ -276,13 +276,8 @@ def run_one(backend: str, path: Path, a: argparse.Namespace) -> dict:
     )
     args += ["--in-flight", *map(str, a.in_flight)] if a.in_flight else []
     args += ["--model", str(a.model)] if a.model else []
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        args, stdout=subprocess.PIPE, stderr=None if a.verbose else subprocess.PIPE, text=True, env=env
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{backend} failed:\n{(proc.stderr or '(its stderr is above)')[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine in the measured process itself
+    return fresh_row(args, backend, env=env, show_stderr=a.verbose)
 
 
 def parse_args() -> argparse.Namespace:

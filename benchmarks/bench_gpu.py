@@ -20,7 +20,7 @@ allocator's growth) are left out of the per-step figures. ``--deadline`` (second
 skips the runs that would start after it and stops a run that outlasts it, so the script fits a
 lease of device time; skipped and failed runs are listed, not hidden.
 
-Printed: a markdown table; written: ``<out>/results-<precisions>.json``.
+Printed: a markdown table; written after each run: ``<out>/results-<precisions>.json``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import describe_machine, fmt, print_machine, rule, train
+from harness import describe_machine, fmt, print_machine, train
 from harness.models import SHAPES, build_model
+from harness.study import Arm, Column, Results, Trial, run_study, table
 
 
 def publish_breakdown(model_dir: Path, device: str, repeats: int) -> list[dict]:
@@ -210,55 +211,76 @@ def main() -> None:
         med = {k: statistics.median(r[k] for r in rows[1:] or rows) for k in rows[0]}
         print("| " + " | ".join(f"{med[k]:.3f}" for k in keys) + f" | {med['state_mb']:.0f} | {med['sent_mb']:.0f} |")
         return
-    results = []
-    for precision in args.precisions:
-        for runtime in args.runtimes:
-            left = args.deadline - (time.time() - start) if args.deadline else 1e9
-            if left < 30:
-                results.append({"name": f"{runtime}-{precision}", "error": "skipped: no time left before the deadline"})
-                print(f"{runtime} {precision}: skipped (deadline)", flush=True)
-                continue
-            r = run(args, args.out / "model", runtime, precision, left)
-            results.append(r)
-            print(json.dumps(r), flush=True)
     info = {"parameters": parameters, "shape": SHAPES[args.shape], "args": {k: str(v) for k, v in vars(args).items()}}
-    try:
+
+    def one(trial: Trial) -> dict:
+        runtime, precision = trial.arm.runtime, trial.arm.fields["precision"]
+        left = args.deadline - (time.time() - start) if args.deadline else 1e9
+        if left < 30:
+            return {"name": f"{runtime}-{precision}", "error": "skipped: no time left before the deadline"}
+        return run(args, args.out / "model", runtime, precision, left)
+
+    def echo(r: dict) -> str:
+        skipped = r.get("error", "").startswith("skipped")
+        return f"{r['runtime']} {r['precision']}: skipped (deadline)" if skipped else json.dumps(r)
+
+    arms = [
+        Arm(f"{runtime}-{precision}", runtime, fields={"runtime": runtime, "precision": precision})
+        for precision in args.precisions
+        for runtime in args.runtimes
+    ]
+    path = args.out / f"results-{'-'.join(args.precisions)}{args.tag}.json"
+    kept = Results(path, ("runtime", "precision"), head={"info": info, "environment": describe_machine()}, fresh=True)
+    results = run_study(arms, one, kept, echo=echo)
+    try:  # after the runs: this process holds no CUDA context while they run
         import torch
 
         info["device_name"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         info["torch"] = torch.__version__
     except Exception as e:  # noqa: BLE001 - the figures matter more than the label
         info["device_name"] = f"unknown ({e})"
-    (args.out / f"results-{'-'.join(args.precisions)}{args.tag}.json").write_text(
-        json.dumps({"info": info, "environment": describe_machine(), "runs": results}, indent=1)
-    )
+    kept.save()
     print()
     print(
         f"{info['device_name']}, {parameters / 1e6:.0f} M parameters, {args.prompts} prompts x {args.group_size}, "
         f"{args.new_tokens} new tokens, {args.steps} steps (first {args.warmup} not timed)"
     )
-    print(
-        "| runtime | precision | s per step (loop) | trainer step s | sync generate s | tokens/s "
-        "| publish s | background s | fetch s | load s | trainer busy | peak GiB | lag | wall s |"
-    )
-    print(rule("ll" + "r" * 12))
-    for r in results:
-        if "error" in r:
-            print(f"| {r['name']} | | {r['error']} | | | | | | | | | | | |")
-            continue
-        runtime = r["runtime"] + (f" ({r['transport']})" if r["runtime"] == "ray" and r.get("transport") else "")
-        print(
-            f"| {runtime} | {r['precision']} | {fmt(r['loop_step_s'], '.2f')} | {fmt(r['train_step_s'], '.2f')} "
-            f"| {fmt(r['generate_s'], '.2f')} | {fmt(r['tokens_per_s'], '.0f')} | {fmt(r['publish_s'], '.3f')} "
-            f"| {fmt(r['publish_background_s'], '.3f')} | {fmt(r['fetch_s'], '.3f')} | {fmt(r['load_s'], '.3f')} "
-            f"| {fmt(r['busy'], '.2f')} | {fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['lag_mean'], '.2f')} "
-            f"| {r['wall_s']:.0f} |"
-        )
+    print(table(results, ("runtime", "precision"), COLUMNS))
     for precision in args.precisions:
         s = next((r for r in results if r.get("runtime") == "sync" and r.get("precision") == precision), None)
         a = next((r for r in results if r.get("runtime") == "ray" and r.get("precision") == precision), None)
         if s and a and s.get("loop_step_s") and a.get("loop_step_s"):
             print(f"{precision}: ray speedup {s['loop_step_s'] / a['loop_step_s']:.2f}x per step")
+
+
+def runtime_label(r: dict) -> str:
+    """The runtime, and for ray the weight transport its run resolved."""
+    runtime = r.get("runtime", r["name"])
+    return runtime + (f" ({r['transport']})" if runtime == "ray" and r.get("transport") else "")
+
+
+COLUMNS = [
+    Column("runtime", runtime_label, "first", ""),
+    Column("precision", "precision", "first", ""),
+    *(
+        Column(header, lambda r, key=key, spec=spec: fmt(r.get(key), spec), "first", "", align="r")
+        for header, key, spec in [
+            ("s per step (loop)", "loop_step_s", ".2f"),
+            ("trainer step s", "train_step_s", ".2f"),
+            ("sync generate s", "generate_s", ".2f"),
+            ("tokens/s", "tokens_per_s", ".0f"),
+            ("publish s", "publish_s", ".3f"),
+            ("background s", "publish_background_s", ".3f"),
+            ("fetch s", "fetch_s", ".3f"),
+            ("load s", "load_s", ".3f"),
+            ("trainer busy", "busy", ".2f"),
+            ("peak GiB", "peak_memory_gb", ".2f"),
+            ("lag", "lag_mean", ".2f"),
+            ("wall s", "wall_s", ".0f"),
+        ]
+    ),
+]
+"""One row per run: its figures over the timed steps."""
 
 
 if __name__ == "__main__":

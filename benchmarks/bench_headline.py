@@ -21,22 +21,10 @@ the sync runtime, with ``--out benchmarks/results/reasoning_gym``. Results go to
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 from pathlib import Path
 
-from harness import (
-    ROOT,
-    fmt,
-    load_results,
-    outcome,
-    parse_with_overrides,
-    print_machine,
-    results_folder,
-    sampled,
-    spread,
-    train,
-)
+from harness import ROOT, outcome, parse_with_overrides, print_machine, results_folder, sampled
+from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, table
 
 from tba.config import load_config
 from tba.plan.auto import stale_by_design, tb_trust_region
@@ -48,6 +36,33 @@ FIGURES = {  # name -> (config file or None, metric, runtimes it runs in)
     "reasoning_gym_demo": ("configs/reasoning_gym_demo.yaml", "eval/reward", ("sync",)),
     "reasoning_gym": ("configs/reasoning_gym.yaml", "eval/reward", ("sync",)),
 }
+COLUMNS = [
+    Column("figure", "figure", "first", ""),
+    Column("runtime", "runtime", "first", ""),
+    SEEDS,
+    Column("start", "initial", "first"),
+    Column("final (mean ± std)", "final", "std"),
+    Column("gain", "gain", "mean", "+.3f"),
+    Column("runs", lambda r: f"{r['final']:.3f}{' (below start)' if r['below_start'] else ''}", "each", ""),
+    Column("lag", "lag_mean", "mean", ".2f"),
+    Column("wall-clock s", "wall_clock_s", "mean", ".0f"),
+]
+
+
+def arms(figures: list[str], runtimes: list[str], seeds: list[int]) -> list[Arm]:
+    """A figure in each of ``runtimes`` that it runs in."""
+    return [
+        Arm(
+            f"{figure}-{runtime}",
+            runtime,
+            config=FIGURES[figure][0],
+            seeds=seeds,
+            fields={"figure": figure, "runtime": runtime},
+        )
+        for figure in figures
+        for runtime in runtimes
+        if runtime in FIGURES[figure][2]
+    ]
 
 
 def band(run_dir: Path) -> str:
@@ -56,46 +71,22 @@ def band(run_dir: Path) -> str:
     return str(tb_trust_region(cfg.objective, stale_by_design(cfg))).lower()
 
 
-def run(figure: str, runtime: str, seed: int, out: Path, extra: list[str]) -> dict:
+def run(trial: Trial, out: Path, extra: list[str]) -> dict:
+    figure, runtime = trial.arm.fields["figure"], trial.arm.runtime
     config, metric, _ = FIGURES[figure]
-    name = f"{figure}-{runtime}-seed{seed}"
-    args = [
-        *([config] if config else []),
-        f"--runtime.type={runtime}",
-        f"--run.seed={seed}",
-        "--logging.progress=false",
-    ]
-    done = train([*args, *extra], out, name, cwd=ROOT, clear=True)
-    args += [f"--run.output_dir={out}", f"--run.name={name}"]
+    args = [*([config] if config else []), *trial.args, "--logging.progress=false"]
+    done = trial.train(out, ["--logging.progress=false", *extra], cwd=ROOT, clear=True)
+    args += [f"--run.output_dir={out}", f"--run.name={trial.name}"]
     return {
         "figure": figure,
         "runtime": runtime,
-        "seed": seed,
+        "seed": trial.seed,
         **outcome(done.summary(), metric),
         "wall_clock_s": round(done.wall_s, 1),
-        "tb_trust_region": band(out / name),
-        **sampled(out / name),
+        "tb_trust_region": band(done.run_dir),
+        **sampled(done.run_dir),
         "command": " ".join(["tba train", *args, *extra]),
     }
-
-
-def table(rows: list[dict]) -> str:
-    header = "| figure | runtime | seeds | start | final (mean ± std) | gain | runs | lag | wall-clock s |"
-    lines = [header, "|---" * 9 + "|"]
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["figure"], r["runtime"]), []).append(r)
-    for (figure, runtime), rs in groups.items():
-        each = ", ".join(f"{r['final']:.3f}{' (below start)' if r['below_start'] else ''}" for r in rs)
-        lags = [r["lag_mean"] for r in rs if r["lag_mean"] is not None]
-        lag = fmt(statistics.mean(lags) if lags else None)
-        final = spread([r["final"] for r in rs], always_std=True)
-        lines.append(
-            f"| {figure} | {runtime} | {','.join(str(r['seed']) for r in rs)} | {rs[0]['initial']:.3f} "
-            f"| {final} | {statistics.mean(r['gain'] for r in rs):+.3f} | {each} "
-            f"| {lag} | {statistics.mean(r['wall_clock_s'] for r in rs):.0f} |"
-        )
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -107,19 +98,11 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="forget the runs already in results.json")
     a, extra = parse_with_overrides(parser)
     results_path = results_folder(a.out, "run directories of bench_headline.py: only results.json is kept")
-    rows = load_results(results_path, a.fresh).get("runs", [])
-    environment = print_machine()
-    for figure in a.figures:
-        for runtime in (r for r in a.runtimes if r in FIGURES[figure][2]):
-            for seed in a.seeds:
-                if any(r["figure"] == figure and r["runtime"] == runtime and r["seed"] == seed for r in rows):
-                    continue
-                row = run(figure, runtime, seed, a.out / "runs", extra)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-                results_path.write_text(json.dumps({"environment": environment, "runs": rows}, indent=1) + "\n")
+    results = Results(results_path, ("figure", "runtime", "seed"), fresh=a.fresh)
+    results.head["environment"] = print_machine()
+    rows = run_study(arms(a.figures, a.runtimes, a.seeds), lambda t: run(t, a.out / "runs", extra), results)
     chosen = [r for r in rows if r["figure"] in a.figures and r["runtime"] in a.runtimes and r["seed"] in a.seeds]
-    print(table(chosen))
+    print(table(chosen, ("figure", "runtime"), COLUMNS))
 
 
 if __name__ == "__main__":

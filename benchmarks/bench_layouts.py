@@ -35,38 +35,45 @@ import json
 import statistics
 from pathlib import Path
 
-from harness import (
-    ROOT,
-    load_results,
-    machine_line,
-    outcome,
-    parse_with_overrides,
-    print_machine,
-    results_folder,
-    row,
-    sampled,
-    spread,
-    train,
-)
+from harness import ROOT, machine_line, outcome, parse_with_overrides, print_machine, results_folder, sampled
 from harness.settings import SETTINGS
+from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, table
 
 from tba.config import load_config
 
-ARMS: dict[str, list[str]] = {
-    "sync": ["--runtime.type=sync"],
-    "auto": [],
-    "ray": ["--runtime.type=ray"],
-    "ray_t2": ["--runtime.type=ray", "--runtime.trainer_cpus=2"],
-    "ray_ahead1": ["--runtime.type=ray", "--runtime.max_ahead=1"],
-    "ray_ahead1_t2": ["--runtime.type=ray", "--runtime.max_ahead=1", "--runtime.trainer_cpus=2"],
+ARMS: dict[str, tuple[str | None, list[str]]] = {  # name -> (runtime.type, other overrides)
+    "sync": ("sync", []),
+    "auto": (None, []),
+    "ray": ("ray", []),
+    "ray_t2": ("ray", ["--runtime.trainer_cpus=2"]),
+    "ray_ahead1": ("ray", ["--runtime.max_ahead=1"]),
+    "ray_ahead1_t2": ("ray", ["--runtime.max_ahead=1", "--runtime.trainer_cpus=2"]),
 }
 
 
-def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
+def arms(setting: str, names: list[str], seeds: list[int]) -> list[Arm]:
+    """``names`` of :data:`ARMS` in ``setting`` (:data:`harness.settings.SETTINGS`)."""
+    args = list(SETTINGS[setting])
+    config = args.pop(0) if args and args[0].endswith(".yaml") else None
+    return [
+        Arm(
+            f"{setting}-{name}",
+            ARMS[name][0],
+            [*args, *ARMS[name][1]],
+            config,
+            seeds,
+            fields={"setting": setting, "arm": name},
+        )
+        for name in names
+    ]
+
+
+def run(trial: Trial, out: Path, extra: list[str]) -> dict:
+    setting, arm = trial.arm.fields["setting"], trial.arm.fields["arm"]
     metric = "eval/reward" if setting == "real" else "eval/accuracy"
-    name = f"{setting}-{arm}-seed{seed}"
-    args = [*SETTINGS[setting], *ARMS[arm], f"--run.seed={seed}", "--logging.progress=false", *extra]
-    done = train(args, out, name, cwd=ROOT, clear=True)
+    name = trial.name
+    args = [*trial.args, "--logging.progress=false", *extra]
+    done = trial.train(out, ["--logging.progress=false", *extra], cwd=ROOT, clear=True)
     summary, rows = done.summary(), done.steps()
     config = json.loads((out / name / "plan.json").read_text())
     cfg = load_config(out / name / "config.yaml", [])
@@ -77,7 +84,7 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
     return {
         "setting": setting,
         "arm": arm,
-        "seed": seed,
+        "seed": trial.seed,
         "runtime": config["runtime"],
         **outcome(summary, metric),
         **sampled(out / name),
@@ -87,50 +94,43 @@ def run(setting: str, arm: str, seed: int, out: Path, extra: list[str]) -> dict:
         "made_per_drawn": made / drawn if made and drawn else None,
         "paused_s": last.get("searcher/paused_s"),
         "startup_s": summary.get("startup_s"),
-        "command": " ".join(["tba train", *args]),
+        "command": " ".join(["tba train", *([str(trial.arm.config)] if trial.arm.config else []), *args]),
     }
+
+
+def columns(rows: list[dict]) -> list[Column]:
+    """The table's columns; ``vs sync`` is sync's wall-clock at the same setting and seed over the run's."""
+    sync = {(r["setting"], r["seed"]): r["wall_clock_s"] for r in rows if r["arm"] == "sync"}
+
+    def ratio(r: dict) -> float | None:
+        wall = sync.get((r["setting"], r["seed"]))
+        return None if wall is None else wall / r["wall_clock_s"]
+
+    return [
+        Column("arm", "arm", "first", ""),
+        Column("runtime", "runtime", "first", ""),
+        SEEDS,
+        Column("wall, s", "wall_clock_s", "mean", ".0f"),
+        Column("vs sync", ratio, spec=".2f", suffix="x"),
+        Column("gain", "gain"),
+        Column("sampled, last 10", "sampled_last10"),
+        Column("lag", "lag_mean", "mean", ".2f"),
+        Column("made / drawn", "made_per_drawn", "mean", ".2f"),
+        Column("paused, s", "paused_s", "mean", ".0f"),
+        Column("step, s", "step_s_median", "mean", ".2f"),
+        Column("publish on path, s", "publish_s_median", "mean", ".3f"),
+    ]
 
 
 def report(rows: list[dict], environment: dict | None) -> None:
     print(f"machine: {machine_line(environment)}" if environment else "machine: unknown")
-    sync = {(r["setting"], r["seed"]): r["wall_clock_s"] for r in rows if r["arm"] == "sync"}
     for setting in dict.fromkeys(r["setting"] for r in rows):
-        print(f"\n### {setting}\n")
-        print(
-            "| arm | runtime | seeds | wall, s | vs sync | gain | sampled, last 10 | lag | made / drawn "
-            "| paused, s | step, s | publish on path, s |"
+        mine = sorted(
+            (r for r in rows if r["setting"] == setting and r["arm"] in ARMS),
+            key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]),
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for arm in ARMS:
-            rs = sorted((r for r in rows if r["setting"] == setting and r["arm"] == arm), key=lambda r: r["seed"])
-            if not rs:
-                continue
-
-            def present(key, rs=rs):
-                """``key``'s values over the seeds that have it."""
-                return [r[key] for r in rs if r.get(key) is not None]
-
-            def cell(key, spec):
-                """The mean of ``key`` over the seeds that have it, formatted, or "-" where none has."""
-                values = present(key)
-                return format(statistics.mean(values), spec) if values else "-"
-
-            ratios = [sync[(setting, r["seed"])] / r["wall_clock_s"] for r in rs if (setting, r["seed"]) in sync]
-            cells = [
-                arm,
-                rs[0]["runtime"],
-                ",".join(str(r["seed"]) for r in rs),
-                cell("wall_clock_s", ".0f"),
-                spread(ratios, ".2f", "x"),
-                spread(present("gain"), ".3f"),
-                spread(present("sampled_last10"), ".3f"),
-                cell("lag_mean", ".2f"),
-                cell("made_per_drawn", ".2f"),
-                cell("paused_s", ".0f"),
-                cell("step_s_median", ".2f"),
-                cell("publish_s_median", ".3f"),
-            ]
-            print(row(cells))
+        print(f"\n### {setting}\n")
+        print(table(mine, ("arm",), columns(rows)))
 
 
 def main() -> None:
@@ -143,20 +143,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "layouts")
     a, extra = parse_with_overrides(parser)
     path = results_folder(a.out, "the run directories: only results.json is kept")
-    kept = load_results(path)
-    rows, environment = kept.get("runs", []), kept.get("environment")
+    results = Results(path, ("setting", "arm", "seed"))
+    results.head["environment"] = json.loads(path.read_text()).get("environment") if path.is_file() else None
     if a.command == "run":
-        environment = print_machine()
+        results.head["environment"] = print_machine()
         for setting in a.settings:
             backend = ["--generation.backend=vllm"] if setting == "real" and a.real_backend == "vllm" else []
-            for seed in a.seeds:  # arms side by side at each seed: the machine drifts less between them
-                for arm in a.arms:
-                    row = run(setting, arm, seed, a.out / "runs", [*backend, *extra])
-                    print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
-                    rows = [r for r in rows if (r["setting"], r["arm"], r["seed"]) != (setting, arm, seed)]
-                    rows.append(row)
-                    path.write_text(json.dumps({"environment": environment, "runs": rows}, indent=1) + "\n")
-    report(rows, environment)
+            # arms side by side at each seed: the machine drifts less between them
+            run_study(
+                arms(setting, a.arms, a.seeds),
+                lambda t, backend=backend: run(t, a.out / "runs", [*backend, *extra]),
+                results,
+                order="seed",
+                resume=False,
+                echo=lambda row: json.dumps({k: v for k, v in row.items() if k != "command"}),
+            )
+    report(results.rows, results.head["environment"])
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from harness import print_machine
-from harness.measure import sync_components
+from harness.measure import fill_buffer, sync_components, timed_round
 from harness.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent
@@ -42,29 +42,22 @@ def measure(setting: str, threads: int, repeats: int, overrides: list[str]) -> d
     cfg, c = sync_components(path, [*args, f"--run.threads={threads}", *overrides])
     params = sum(p.numel() for p in c.policy.parameters())
     c.searcher.pull_weights()
-    for _ in range(3):  # a buffer that can fill a batch of distinct prompts with contrast
-        c.trainer.ingest(c.searcher.step())
+    fill_buffer(c, 3)
     cells: dict[str, list[float]] = {k: [] for k in ("batch_s", "generated", "prompt_tokens", "train_s", "trained")}
     cells.update(publish_s=[], load_s=[])
     for i in range(repeats + 2):
-        start = time.perf_counter()
-        groups = c.searcher.step()
-        batch_s = time.perf_counter() - start
-        c.trainer.ingest(groups)
-        start = time.perf_counter()
-        metrics = c.trainer.step()
-        train_s = time.perf_counter() - start
-        publish_s = metrics.get("train/publish_s", 0.0)  # the step publishes (trainer.sync_interval)
+        step = timed_round(c)
+        publish_s = step.metrics.get("train/publish_s", 0.0)  # the step publishes (trainer.sync_interval)
         start = time.perf_counter()
         c.searcher.pull_weights()
         load_s = time.perf_counter() - start
         if i < 2:
             continue  # warm-up
-        cells["batch_s"].append(batch_s)
-        cells["generated"].append(sum(len(x) for g in groups for x in g.completions))
-        cells["prompt_tokens"].append(sum(len(g.prompt_ids) * len(g.completions) for g in groups))
-        cells["train_s"].append(train_s)
-        cells["trained"].append(metrics.get("train/tokens", 0.0))
+        cells["batch_s"].append(step.batch_s)
+        cells["generated"].append(sum(len(x) for g in step.groups for x in g.completions))
+        cells["prompt_tokens"].append(sum(len(g.prompt_ids) * len(g.completions) for g in step.groups))
+        cells["train_s"].append(step.train_s)
+        cells["trained"].append(step.metrics.get("train/tokens", 0.0))
         cells["publish_s"].append(publish_s)
         cells["load_s"].append(load_s)
     med = {k: round(statistics.median(v), 4) for k, v in cells.items()}

@@ -33,8 +33,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import ROOT, describe_machine, metrics, print_machine, rule, spread, summary, train, train_command
+from harness import ROOT, metrics, print_machine, summary, train, train_command
 from harness.models import ensure_smollm2
+from harness.study import SEEDS, Arm, Column, Results, run_study, table
 
 TASK = ROOT / "benchmarks" / "word_problems"
 
@@ -129,58 +130,65 @@ def summarise(run_dir: Path, config: str, seed: int, steps: int) -> dict:
     }
 
 
-def load(out: Path) -> list[dict]:
-    path = out / "results.json"
-    return json.loads(path.read_text()) if path.is_file() else []
+def results_of(out: Path) -> Results:
+    """``out``/results.json: the rows, a list, one per run."""
+    return Results(out / "results.json", ("config", "steps", "seed"), section=())
 
 
-def save(out: Path, rows: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (out / "environment.json").write_text(json.dumps(describe_machine(), indent=2))
+def echo(row: dict) -> str | None:
+    if "error" in row:
+        return None
+    return (
+        f"{row['name']}: sampled {row['sampled_first10']:.3f} -> {row['sampled_last10']:.3f}, "
+        f"eval {row['eval_initial']:.3f} -> {row['eval_final']:.3f}, KL {row['kl_last5']:.2f}, "
+        f"lag {row['lag_mean']:.2f}, {row['wall_s']:.0f} s"
+    )
 
 
 def run(a) -> None:
-    print_machine()
+    environment = print_machine()
     model = ensure_smollm2()
     if not (TASK / "problems.jsonl").is_file():
         subprocess.run([sys.executable, str(TASK / "make_problems.py")], check=True, cwd=ROOT)
-    for seed in a.seeds:  # seed by seed: a study cut short has every config at the seeds it reached
-        for config in a.configs:
-            row = run_one(a.runs, config, seed, a.steps, a.eval_every, model, a.fresh, a.threads, a.extra)
-            # read again: another invocation (other configs, on the other core) may have added rows
-            rows = [r for r in load(a.out) if r["name"] != row["name"]] + [row]
-            save(a.out, rows)
-            if "error" not in row:
-                print(
-                    f"{row['name']}: sampled {row['sampled_first10']:.3f} -> {row['sampled_last10']:.3f}, "
-                    f"eval {row['eval_initial']:.3f} -> {row['eval_final']:.3f}, KL {row['kl_last5']:.2f}, "
-                    f"lag {row['lag_mean']:.2f}, {row['wall_s']:.0f} s",
-                    flush=True,
-                )
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "environment.json").write_text(json.dumps(environment, indent=2))
+    arms = [Arm(config, seeds=a.seeds, fields={"config": config, "steps": a.steps}) for config in a.configs]
+    # seed by seed: a study cut short has every config at the seeds it reached; a finished run is read
+    # from its directory (run_one), and each save keeps the rows another invocation added meanwhile
+    run_study(
+        arms,
+        lambda t: run_one(a.runs, t.arm.name, t.seed, a.steps, a.eval_every, model, a.fresh, a.threads, a.extra),
+        results_of(a.out),
+        order="seed",
+        resume=False,
+        echo=echo,
+    )
+
+
+COLUMNS = [
+    Column("config", "config", "first", ""),
+    Column("steps", "steps", "first", ""),
+    SEEDS,
+    Column("sampled reward, first 10", "sampled_first10"),
+    Column("last 10", "sampled_last10"),
+    Column("greedy eval, before", "eval_initial"),
+    Column("after", "eval_final"),
+    Column("KL, last 5 steps", "kl_last5"),
+    Column("completion length, last 5", "len_last5"),
+    Column("flat groups", "flat_groups"),
+    Column("lag", "lag_mean"),
+    Column("replay ratio", "replay_ratio"),
+    Column("wall, s", "wall_s", "mean", ".0f"),
+]
 
 
 def report(a) -> None:
-    rows = [r for r in load(a.out) if "error" not in r and (a.steps is None or r["steps"] == a.steps)]
+    rows = [r for r in results_of(a.out).rows if "error" not in r and (a.steps is None or r["steps"] == a.steps)]
     if not rows:
         raise SystemExit(f"no results in {a.out}/results.json yet: run first")
-    print(
-        "| config | steps | seeds | sampled reward, first 10 | last 10 | greedy eval, before | after "
-        "| KL, last 5 steps | completion length, last 5 | flat groups | lag | replay ratio | wall, s |"
-    )
-    print(rule("l" * 13))
     order = {c: i for i, c in enumerate(CONFIGS)}
-    keys = sorted({(r["config"], r["steps"]) for r in rows}, key=lambda k: (k[1], order.get(k[0], 99), k[0]))
-    for config, steps in keys:
-        rs = [r for r in rows if r["config"] == config and r["steps"] == steps]
-        col = lambda key, rs=rs: spread([r[key] for r in rs])  # noqa: E731
-        flat = [r["flat_groups"] for r in rs if r.get("flat_groups") is not None]
-        print(
-            f"| {config} | {steps} | {','.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} "
-            f"| {col('sampled_first10')} | {col('sampled_last10')} | {col('eval_initial')} | {col('eval_final')} "
-            f"| {col('kl_last5')} | {col('len_last5')} | {spread(flat)} | {col('lag_mean')} "
-            f"| {col('replay_ratio')} | {statistics.mean(r['wall_s'] for r in rs):.0f} |"
-        )
+    rows.sort(key=lambda r: (r["steps"], order.get(r["config"], 99), r["config"], r["seed"]))
+    print(table(rows, ("config", "steps"), COLUMNS))
     plot(rows, a.out / (f"curves_{a.steps}steps.png" if a.steps else "curves.png"))
 
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from harness import print_machine
-from harness.measure import sync_components
+from harness.measure import fill_buffer, sync_components, timed_round
 
 
 def main() -> None:
@@ -27,19 +26,14 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     print_machine()
     cfg, c = sync_components(None, overrides)
-    for _ in range(5):
-        c.trainer.ingest(c.searcher.step())
+    fill_buffer(c, 5)
     times = {(part, n): [] for part in ("train", "generate") for n in (1, 2)}
     for i in range(2 * args.repeats):
         n = 1 + i % 2
         torch.set_num_threads(n)
-        t = time.perf_counter()
-        groups = c.searcher.step()
-        times["generate", n].append(time.perf_counter() - t)
-        c.trainer.ingest(groups)
-        t = time.perf_counter()
-        c.trainer.step()
-        times["train", n].append(time.perf_counter() - t)
+        step = timed_round(c)
+        times["generate", n].append(step.batch_s)
+        times["train", n].append(step.train_s)
     med = {key: statistics.median(v) for key, v in times.items()}
     print(
         f"batch: {cfg.trainer.batch_prompts} prompts x {cfg.generation.group_size} completions; "

@@ -20,13 +20,13 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from harness import ROOT, print_machine
+from harness.measure import fresh_row
 
 LOAD_SNIPPET = """
 import json, sys, time, resource
@@ -69,9 +69,7 @@ def bench_loading(rows: int) -> list[dict]:
             cmd = [sys.executable, "-c", LOAD_SNIPPET, str(path), spec, str(limit), "1" if with_tok else "0"]
             # first load builds the datasets cache (Arrow files) for this file; the second reuses it
             for attempt in ("first", "cached"):
-                out = json.loads(
-                    subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-                )
+                out = fresh_row(cmd, f"loading {rows:,} rows ({attempt})", env={})
                 out.update(tokenizer=with_tok, max_prompt_tokens=limit, load=attempt)
                 results.append(out)
                 print(

@@ -27,7 +27,8 @@ import json
 import time
 from pathlib import Path
 
-from harness import ROOT, describe_machine, print_machine, tba, train
+from harness import ROOT, print_machine, tba, train
+from harness.study import Arm, Column, Results, Trial, run_study, table
 
 CONFIG = ROOT / "configs" / "tools.yaml"
 SLOW = f"--task.tools=[{ROOT / 'benchmarks' / 'fixtures' / 'slow_tools.py'}:calculator]"
@@ -61,6 +62,19 @@ def accuracy(target: str, *extra: str) -> float:
     return json.loads(out.read_text())["metrics"]["eval/accuracy"]
 
 
+def slow_tool_arms(workers: list[int], searchers: list[int]) -> list[Arm]:
+    """At each tool-thread count: sync, then ray with each searcher count."""
+    arms = []
+    for w in workers:
+        for runtime, n in [("sync", 1)] + [("ray", n) for n in searchers]:
+            extra = [f"--task.environment_workers={w}"]
+            if runtime == "ray":  # searchers waiting on tools need little CPU: they share the trainer's cores
+                extra += [f"--runtime.num_searchers={n}", f"--runtime.searcher_cpus={1 / n:.3g}"]
+            name = f"slow-{runtime}-{n}-w{w}"
+            arms.append(Arm(name, runtime, extra, fields={"name": name, "searchers": n, "workers": w}))
+    return arms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=["accuracy", "slow-tool", "both"], default="both")
@@ -72,11 +86,10 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tools"))
     args = parser.parse_args()
-    print_machine()
+    environment = print_machine()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = args.out / "runs"
     path = args.out / "results.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
     accuracy("builtin:tiny-tools", "--eval.limit=1")  # builds the model once, before any timed run
     if args.part in ("accuracy", "both"):
         before = {
@@ -86,61 +99,65 @@ def main() -> None:
         print(
             f"warm-started model: {before['with_tool']:.1%} with the calculator, {before['without_tool']:.1%} without"
         )
-        rows = []
-        for runtime in ("sync", "ray"):
-            run = train_run(runs, f"rl-{runtime}", runtime, args.steps, [f"--eval.every={max(1, args.steps // 4)}"])
+
+        def rl(trial: Trial) -> dict:
+            run = train_run(
+                runs, trial.arm.name, trial.arm.runtime, args.steps, [f"--eval.every={max(1, args.steps // 4)}"]
+            )
             run["after_with_tool"] = accuracy(str(runs / run["name"]))
             run["after_without_tool"] = accuracy(str(runs / run["name"]), "--task.tools=[]")
-            print(json.dumps(run))
-            rows.append(run)
-        results["accuracy"] = {"before": before, "runs": rows, "environment": describe_machine()}
+            return run
+
+        arms = [Arm(f"rl-{runtime}", runtime, fields={"name": f"rl-{runtime}"}) for runtime in ("sync", "ray")]
+        head = {"before": before, "environment": environment}
+        run_study(arms, rl, Results(path, ("name",), section=("accuracy", "runs"), head=head, fresh=True), resume=False)
     if args.part in ("slow-tool", "both"):
-        rows = []
         slow = [SLOW, f"--eval.every={args.slow_steps}", "--eval.limit=32"]
-        for workers in args.workers:
-            base = None
-            for runtime, searchers in [("sync", 1)] + [("ray", n) for n in args.searchers]:
-                extra = [*slow, f"--task.environment_workers={workers}"]
-                if runtime == "ray":  # searchers waiting on tools need little CPU: they share the trainer's cores
-                    extra += [f"--runtime.num_searchers={searchers}", f"--runtime.searcher_cpus={1 / searchers:.3g}"]
-                name = f"slow-{runtime}-{searchers}-w{workers}"
-                run = train_run(runs, name, runtime, args.slow_steps, extra)
-                base = base or run
-                run.update(searchers=searchers, workers=workers, ratio=round(base["wall_s"] / run["wall_s"], 2))
-                print(json.dumps(run))
-                rows.append(run)
-        results["slow_tool"] = {"runs": rows, "environment": describe_machine()}
-    path.write_text(json.dumps(results, indent=2))
+        base: dict[int, dict] = {}  # workers -> the sync run at that count
+
+        def slow_run(trial: Trial) -> dict:
+            arm = trial.arm
+            run = train_run(runs, arm.name, arm.runtime, args.slow_steps, [*slow, *arm.overrides])
+            first = base.setdefault(arm.fields["workers"], run)
+            run.update(searchers=arm.fields["searchers"], workers=arm.fields["workers"])
+            run["ratio"] = round(first["wall_s"] / run["wall_s"], 2)
+            return run
+
+        results = Results(path, ("name",), section=("slow_tool", "runs"), head={"environment": environment}, fresh=True)
+        run_study(slow_tool_arms(args.workers, args.searchers), slow_run, results, resume=False)
+    results = json.loads(path.read_text()) if path.exists() else {}
     (args.out / "results.md").write_text(markdown(results))
     print(markdown(results))
+
+
+ACCURACY = [
+    Column("model", "model", "first", ""),
+    Column("with the calculator", "with_tool", "first", ".1%", align="r"),
+    Column("without", "without_tool", "first", ".1%", align="r"),
+]
+SLOW_TOOL = [
+    Column("runtime (tool: 0.2 s a call)", "runtime", "first", ""),
+    Column("searchers", "searchers", "first", "", align="r"),
+    Column("tool threads", "workers", "first", "", align="r"),
+    Column("steps", "steps", "first", "", align="r"),
+    Column("wall-clock s", "wall_s", "first", "", align="r"),
+    Column("loop s", "loop_s", "first", "", align="r"),
+    Column("tool calls", lambda r: r["tool_calls"] or 0, "first", ".0f", align="r"),
+    Column("sync / this", lambda r: f"{r['ratio']}x", "first", "", align="r"),
+]
 
 
 def markdown(results: dict) -> str:
     lines = []
     if "accuracy" in results:
         b = results["accuracy"]["before"]
-        lines += [
-            "| model | with the calculator | without |",
-            "|---|---:|---:|",
-            f"| warm-started (before RL) | {b['with_tool']:.1%} | {b['without_tool']:.1%} |",
-        ]
+        rows = [{"model": "warm-started (before RL)", **b}]
         for r in results["accuracy"]["runs"]:
-            lines.append(
-                f"| after {r['steps']} TB steps, {r['runtime']} ({r['wall_s']:.0f} s) | "
-                f"{r['after_with_tool']:.1%} | {r['after_without_tool']:.1%} |"
-            )
-        lines.append("")
+            model = f"after {r['steps']} TB steps, {r['runtime']} ({r['wall_s']:.0f} s)"
+            rows.append({"model": model, "with_tool": r["after_with_tool"], "without_tool": r["after_without_tool"]})
+        lines += [table(rows, ("model",), ACCURACY), ""]
     if "slow_tool" in results:
-        lines += [
-            "| runtime (tool: 0.2 s a call) | searchers | tool threads | steps | wall-clock s | loop s | tool calls "
-            "| sync / this |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in results["slow_tool"]["runs"]:
-            lines.append(
-                f"| {r['runtime']} | {r['searchers']} | {r['workers']} | {r['steps']} | {r['wall_s']} | "
-                f"{r['loop_s']} | {r['tool_calls'] or 0:.0f} | {r['ratio']}x |"
-            )
+        lines.append(table(results["slow_tool"]["runs"], ("name",), SLOW_TOOL))
     return "\n".join(lines) + "\n"
 
 

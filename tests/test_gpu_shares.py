@@ -60,10 +60,15 @@ def test_a_cuda_run_whose_actors_would_get_no_gpu_is_refused():
 
 def test_the_driver_keeps_its_gpu_from_ray_unless_ray_ranks_hold_the_policy():
     cuda1 = torch.device("cuda", 1)
-    assert driver_device(load_config(None, ["--runtime.type=sync", "--trainer.num_ranks=2"]), cuda1) == cuda1
-    assert driver_device(load_config(None, ["--runtime.type=ray"]), cuda1) == cuda1
-    assert driver_device(load_config(None, ["--runtime.type=ray", "--trainer.num_ranks=2"]), cuda1) is None
-    assert driver_device(load_config(None, ["--runtime.type=sync"]), CPU) is None
+    four = Hardware(cpus=16, gpus=4, bf16=True)
+
+    def held(overrides: list[str], hardware: Hardware = four) -> torch.device | None:
+        return driver_device(make_plan(load_config(None, overrides), hardware))
+
+    assert held(["--runtime.type=sync", "--trainer.num_ranks=2", "--run.device=cuda:1"]) == cuda1
+    assert held(["--runtime.type=ray", "--run.device=cuda:1"]) == cuda1
+    assert held(["--runtime.type=ray", "--trainer.num_ranks=2", "--run.device=cuda:1"]) is None
+    assert held(["--runtime.type=sync", "--run.device=cpu"]) is None
     assert searcher_gpu_ids(cuda1, None, 4) == "0,2,3"
 
 
@@ -79,7 +84,7 @@ def test_vllm_engines_that_share_a_gpu_start_one_at_a_time():
 
     def alone(overrides: list[str], shared: bool, hardware: Hardware = ONE_GPU) -> bool:
         cfg = load_config(None, overrides)
-        return one_engine_at_a_time(cfg, make_plan(cfg, hardware), trainer_gpu_shared=shared)
+        return one_engine_at_a_time(make_plan(cfg, hardware), trainer_gpu_shared=shared)
 
     assert alone(vllm, shared=True)
     assert alone([*vllm, "--runtime.searcher_gpus=0.5"], False)

@@ -105,9 +105,8 @@ def test_a_run_starts_its_own_ray_instance_beside_another_on_the_machine(ray_ses
 
     code = (
         "import ray\n"
-        "from tba.config import load_config\n"
         "from tba.runtime.cluster import init_ray\n"
-        "assert init_ray(load_config(None, ['--run.device=cpu']))\n"
+        "assert init_ray()\n"
         "print(ray.get_runtime_context().gcs_address)\n"
         "ray.shutdown()\n"
     )

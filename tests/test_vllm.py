@@ -322,12 +322,13 @@ def test_an_evaluation_on_the_searchers_engine_sees_the_trainers_weights_and_han
         for p in c.policy.parameters():
             p.add_(torch.randn_like(p), alpha=0.5)
     published = {k: v.clone() for k, v in c.searcher.generator.model.state_dict().items()}
-    c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, generator=c.searcher.generator)
-    evaluate_policy(c, cfg, run_dir=tmp_path)
+    c.evaluator = Evaluator(c.evaluation, c.task, c.tokenizer, c.policy, c.eos_ids, generator=c.searcher.generator)
+    evaluate_policy(c, run_dir=tmp_path)
     lent = [json.loads(line)["completion"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
-    trainers = [s["completion"] for s in Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids)().samples]
+    trainers = [s["completion"] for s in Evaluator(c.evaluation, c.task, c.tokenizer, c.policy, c.eos_ids)().samples]
     searchers = [
-        s["completion"] for s in Evaluator(cfg, c.task, c.tokenizer, c.searcher.generator.model, c.eos_ids)().samples
+        s["completion"]
+        for s in Evaluator(c.evaluation, c.task, c.tokenizer, c.searcher.generator.model, c.eos_ids)().samples
     ]
     assert len(lent) == 12 and lent == trainers and lent != searchers
     after = c.searcher.generator.model.state_dict()

@@ -11,10 +11,17 @@ run as ``python benchmarks/bench_x.py`` has ``benchmarks/`` first on its path, s
   (:func:`parse_with_overrides`, :func:`results_folder`, :func:`load_results`);
 - :mod:`harness.report`: :func:`mean_std`, :func:`spread`, :func:`fmt`, markdown :func:`row` and
   :func:`rule`, and :func:`print_machine` (with :func:`machine_line` and :func:`describe_machine`);
+- :mod:`harness.study`: a study of arms declared as data (:class:`harness.study.Arm`: a runtime,
+  overrides, seeds, repeats), its trials in order (each arm in turn, side by side, ABBA), run one
+  after another through a function the script passes in, their rows kept in a JSON file and read back
+  (a study resumes where it stopped), and one markdown row per arm (``bench_headline.py``,
+  ``bench_async_regimes.py``, ``bench_layouts.py``, ``bench_real_model.py``, ``bench_tools.py``,
+  ``bench_gpu.py``);
 - :mod:`harness.settings`: the training settings two studies share;
 - :mod:`harness.models`: models the benchmarks build (SmolLM2 from its GGUF file, random Qwen2s);
-- :mod:`harness.measure`: in-process measurement (one trainer step's time and peak memory, a row
-  measured in a fresh interpreter);
+- :mod:`harness.measure`: in-process measurement (one trainer step's time and peak memory, a sync
+  run's parts and a round of a searcher batch and a trainer step timed apart, a row measured in a
+  fresh interpreter);
 - :mod:`harness.standins`: searchers and a trainer update whose model work is a wait, for the real
   ray runtime at many searchers (``bench_scale.py``, ``bench_scale_faults.py``).
 

@@ -1,5 +1,6 @@
-"""In-process measurement: one trainer step's time and peak memory, and a measurement taken in a
-fresh interpreter (so that none inherits another's heap)."""
+"""In-process measurement: one trainer step's time and peak memory, a sync run's parts and a round of
+them timed one by one, and a measurement taken in a fresh interpreter (so that none inherits
+another's heap)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from typing import NamedTuple
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 """glibc serves allocations above this from mmap and unmaps them on free, so the resident size
@@ -39,12 +42,20 @@ def timed_steps(trainer, batch, device, repeats: int) -> tuple[list, list]:
     return seconds, peaks
 
 
-def fresh_row(cmd: list, what: str) -> dict:
-    """Run ``cmd`` (its items made strings) in a fresh interpreter with :data:`MALLOC_ENV`; its last
-    stdout line is a JSON row. A failure raises RuntimeError naming ``what``, with its last error."""
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
+def fresh_row(cmd: list, what: str, env: Mapping[str, str] = MALLOC_ENV, show_stderr: bool = False) -> dict:
+    """Run ``cmd`` (its items made strings) in a fresh interpreter with ``env`` (:data:`MALLOC_ENV`
+    unless told otherwise) over this process's environment; its last stdout line is a JSON row.
+    ``show_stderr``: its stderr goes to this process's as it runs instead of being kept for the error.
+    A failure raises RuntimeError naming ``what``, with its last error."""
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        stdout=subprocess.PIPE,
+        stderr=None if show_stderr else subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{what} failed:\n{(proc.stderr or '(its stderr is above)')[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -69,3 +80,35 @@ def sync_components(path: str | None, overrides: list[str]):
     c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
     c.trainer.publish()
     return cfg, c
+
+
+def fill_buffer(c, batches: int) -> None:
+    """Feed ``batches`` of the searcher's to the trainer of :func:`sync_components`' parts ``c``,
+    untimed: a buffer that can fill a batch of distinct prompts with contrast."""
+    for _ in range(batches):
+        c.trainer.ingest(c.searcher.step())
+
+
+class Round(NamedTuple):
+    """One searcher batch and one trainer step, timed apart (:func:`timed_round`)."""
+
+    groups: list
+    """The batch's groups."""
+    batch_s: float
+    """Seconds of the searcher's batch (generation, rewards, reference log-probs)."""
+    metrics: dict
+    """The trainer step's metrics."""
+    train_s: float
+    """Seconds of the trainer step (a batch from the buffer, forward and backward, the optimizer)."""
+
+
+def timed_round(c) -> Round:
+    """A searcher batch of :func:`sync_components`' parts ``c``, fed to the trainer (untimed), then a
+    trainer step."""
+    start = time.perf_counter()
+    groups = c.searcher.step()
+    batch_s = time.perf_counter() - start
+    c.trainer.ingest(groups)
+    start = time.perf_counter()
+    metrics = c.trainer.step()
+    return Round(groups, batch_s, metrics, time.perf_counter() - start)

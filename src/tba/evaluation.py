@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from tba.config import Config
-from tba.conversations import make_conversations
+from tba.config import EvalConfig, GenerationConfig
 from tba.eval_metrics import sampled_metrics
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.hf import HFGenerator
@@ -152,8 +151,11 @@ def _sampled(
     return out
 
 
-def eval_settings(cfg: Config) -> EvalSettings:
-    e, g = cfg.eval, cfg.generation
+def eval_settings(
+    e: EvalConfig, g: GenerationConfig, reference_packing: bool, chat_template: bool | None
+) -> EvalSettings:
+    """How evaluation generates, from the ``eval`` and ``generation`` sections (``eval.max_new_tokens``
+    unset: the completions' budget), ``trainer.reference_packing`` and ``model.chat_template``."""
     return EvalSettings(
         max_new_tokens=e.max_new_tokens or g.max_new_tokens,
         limit=e.limit,
@@ -162,7 +164,9 @@ def eval_settings(cfg: Config) -> EvalSettings:
         temperature=g.temperature,
         top_p=g.top_p,
         log_samples=e.log_samples,
-        packing=cfg.trainer.reference_packing,
+        packing=reference_packing,
+        batch_size=e.batch_size,
+        chat_template=chat_template,
     )
 
 
@@ -171,26 +175,29 @@ class Evaluator:
 
     def __init__(
         self,
-        cfg: Config,
+        settings: EvalSettings,
         task: Task,
         tokenizer,
         policy: torch.nn.Module,
         eos_ids: set[int],
         reference: Callable[[], torch.nn.Module | None] = lambda: None,
         generator: Generator | None = None,
+        conversations: ConversationSource | None = None,
     ):
         """``generator``: a backend that holds its own copy of the policy (a vLLM engine), which
-        :meth:`load_weights` then updates too; default: HF ``generate`` on ``policy``."""
-        self.cfg = cfg
+        :meth:`load_weights` then updates too; default: HF ``generate`` on ``policy``.
+        ``conversations``: the task's tools or environment (:func:`tba.conversations.make_conversations`),
+        closed with the evaluator."""
+        self.settings = settings
         self.task = task
         self.tokenizer = tokenizer
         self.policy = policy
         self.eos_ids = eos_ids
         self.generator = generator or HFGenerator(
-            policy, tokenizer.pad_token_id, eos_ids, batch_size=cfg.eval.batch_size
+            policy, tokenizer.pad_token_id, eos_ids, batch_size=settings.batch_size
         )
         self.separate_copy = generator is not None  # the generator holds its own copy of the policy
-        self.conversations = make_conversations(cfg.task, tokenizer, eos_ids)  # tools or an environment
+        self.conversations = conversations
         self._reference = reference
         self._task_ready = False
 
@@ -203,8 +210,8 @@ class Evaluator:
             self.task,
             self.generator,
             self.tokenizer,
-            eval_settings(self.cfg),
-            self.cfg.model.chat_template,
+            self.settings,
+            self.settings.chat_template,
             self.eos_ids,
             reference,
             self.conversations,

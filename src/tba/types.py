@@ -126,6 +126,8 @@ class EvalSettings:
     top_p: float = 1.0
     log_samples: int = 4  # problems whose completions are returned for samples.jsonl
     packing: bool = True  # scoring passes (the KL to the reference) packed where the models can be
+    batch_size: int = 256  # prompts a HF generate call takes at a time
+    chat_template: bool | None = None  # the prompts' encoding (model.chat_template)
 
 
 @dataclass

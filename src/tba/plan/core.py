@@ -37,6 +37,7 @@ from tba.plan.generation import stream_kind, stream_sizes, vllm_engines
 from tba.plan.layout import resolve as resolve_layout
 from tba.plan.placement import (
     actor_gpu_shares,
+    driver_holds_gpu,
     local_ray_gpus,
     oversubscription,
     planned_threads,
@@ -113,6 +114,10 @@ class Plan:
     refill: int | None = None
     """Prompts a stream adds at a time (``generation.refill``; default a quarter of those in flight,
     all of them in the sync runtime); None: batch generation."""
+    driver_gpu: bool = False
+    """The ``tba train`` process uses its GPU where Ray must not hand it out (:func:`driver_holds_gpu`)."""
+    eval_actor: bool = False
+    """Evaluation runs in an actor of its own, beside the trainer (``eval.async`` in the ray runtime)."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -377,4 +382,6 @@ def _plan(cfg: Config, hw: Hardware, why: dict[str, str]) -> Plan:
         min_groups=cfg.buffer.min_groups or cfg.trainer.batch_prompts,
         samples_per_prompt=g.samples_per_prompt or g.group_size,
         **stream_sizes(cfg, stream),
+        driver_gpu=driver_holds_gpu(cfg, device),
+        eval_actor=ray_runtime and cfg.eval.async_,
     )

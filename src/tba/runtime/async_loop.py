@@ -79,7 +79,7 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
     # clean-up in reverse order: the metrics, the evaluation actor, the searchers, the inbox, then
     # the parts (the weights' sender among them: no searcher listens any more), Ray
     with ExitStack() as closing:
-        started_ray = closing.enter_context(ray_session(cfg, plan))
+        started_ray = closing.enter_context(ray_session(cfg.runtime, plan))
         startup.mark("Ray")
         shared = started_ray and plan.shares_gpu  # (a Ray instance started here: the plan's GPUs)
         if cfg.runtime.address:  # a cluster's GPUs are known once joined
@@ -125,7 +125,7 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         if background is not None and not resumed:  # logged at step 0 when done; training starts meanwhile
             background.submit(0, published_weights(c))
         elif background is None and not resumed:
-            initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
+            initial = evaluate_policy(c, run_dir, 0, metrics)
             metrics.log(0, initial)
         pool = SearcherPool(actors, r.max_searcher_restarts, r.restart_window_s, say)
         memory = "jemalloc" if allocator.loaded() else "the system allocator"
@@ -133,7 +133,7 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
         extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log, say)
         c.trainer.flush_publication()  # the last publication lands while its searchers still listen
-    return run_dir, finish(console, run_dir, c, cfg, start, extra)
+    return run_dir, finish(console, run_dir, c, start, extra)
 
 
 def _sender(num_ranks: int, channel: Channel, log) -> Sender:
@@ -153,7 +153,7 @@ def _start_actors(cfg: Config, plan: Plan, names: tuple[Channel, str], shared: b
     meanwhile, make vLLM's profiling fail)."""
     r = cfg.runtime
     cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
-    alone = one_engine_at_a_time(cfg, plan, shared)
+    alone = one_engine_at_a_time(plan, shared)
     for i in range(r.num_searchers):
         actors.append(
             SearcherWorker.options(

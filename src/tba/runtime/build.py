@@ -4,7 +4,6 @@ build through here, so the sync and ray runtimes train the same thing."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
 from tba.config import BufferConfig, Config
 from tba.conversations import make_conversations
-from tba.evaluation import Evaluator
+from tba.evaluation import Evaluator, eval_settings
 from tba.generation.base import Generator, SamplingParams
 from tba.generation.explore import ExploringGenerator
 from tba.generation.hf import HFGenerator
@@ -30,45 +29,13 @@ from tba.models.lora import (
 from tba.models.precision import Precision
 from tba.objectives.needs import needs
 from tba.plan import Plan
-from tba.runtime.ledger import PromptLedger
+from tba.runtime.components import Components, lazy_reference, trainer_evaluator
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
 from tba.runtime.preflight import make_task, policy_tokenizer, prepare_task
 from tba.runtime.ranks import RankGroup
 from tba.searcher import Searcher, StreamingSearcher
 from tba.tasks import Task
-from tba.trainer import Trainer
 from tba.weights import DelayedWeights, LocalWeightStore, Receiver, Sender, publications_to_keep
-
-
-@dataclass
-class Components:
-    task: Task
-    tokenizer: object
-    policy: torch.nn.Module
-    buffer: ReplayBuffer
-    trainer: Trainer
-    searcher: Searcher | None
-    eos_ids: set[int]
-    plan: Plan  # with the EOS ids
-    evaluator: Evaluator | None = None  # of the policy, built on first evaluation
-    ledger: PromptLedger = field(default_factory=PromptLedger)  # every prompt the searchers drew
-
-    @property
-    def policy_path(self) -> str:
-        return self.plan.policy
-
-    def close(self) -> None:
-        """Stop what runs outside this process or thread for these parts (the trainer's ranks, its
-        weights' sender, an agent task's endpoints), each even if another fails."""
-        try:
-            self.trainer.weights.close()
-        finally:
-            try:
-                self.trainer.updates.close()
-            finally:
-                for part in (self.searcher, self.evaluator):
-                    if part is not None:
-                        part.close()
 
 
 def make_buffer(b: BufferConfig, seed: int, plan: Plan) -> ReplayBuffer:
@@ -309,7 +276,12 @@ def build_components(
             reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
         seen = DelayedWeights(weights, lag) if lag else weights  # runtime.extra_lag: older weights
         searcher = make_searcher(cfg, plan, task, tokenizer, sampler, reference, seen)
-    return Components(task, tokenizer, policy, buffer, trainer, searcher, eos, plan)
+    settings = eval_settings(cfg.eval, cfg.generation, cfg.trainer.reference_packing, m.chat_template)
+    c = Components(task, tokenizer, policy, buffer, trainer, searcher, eos, plan, cfg.task.name, settings)
+    c.new_evaluator = lambda: trainer_evaluator(
+        c, settings, make_conversations(cfg.task, tokenizer, eos), m, cfg.generation.backend
+    )
+    return c
 
 
 def load_evaluator(
@@ -346,23 +318,6 @@ def load_evaluator(
         log(f"generation: a vLLM engine on {plan.policy}")
         if checkpoint is not None:
             generator.load_weights(published_state(policy), version=-1)
-    return Evaluator(cfg, task, tokenizer, policy, eos, lazy_reference(cfg, plan, policy), generator)
-
-
-def lazy_reference(cfg: Config, plan: Plan, policy: torch.nn.Module):
-    """The frozen reference for an evaluation that needs it (KL), as a function that builds it on
-    its first call and then returns the same one: a LoRA policy's base model (the adapter switched
-    off), else ``model.reference`` (or ``model.policy``) loaded beside ``policy``."""
-    held: list[torch.nn.Module] = []
-
-    def reference() -> torch.nn.Module:
-        if not held:
-            m = cfg.model
-            if m.lora is not None:
-                held.append(ReferenceView(policy))
-            else:
-                device = next(policy.parameters()).device
-                held.append(load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False))
-        return held[0]
-
-    return reference
+    settings = eval_settings(cfg.eval, cfg.generation, cfg.trainer.reference_packing, m.chat_template)
+    conversations = make_conversations(cfg.task, tokenizer, eos)
+    return Evaluator(settings, task, tokenizer, policy, eos, lazy_reference(m, plan, policy), generator, conversations)

@@ -35,25 +35,28 @@ import sys
 import ray
 import torch
 
-from tba.config import Config, RuntimeConfig
+from tba.config import RuntimeConfig
 from tba.errors import interrupt_on_sigterm
 from tba.machine import usable_cores
-from tba.plan import Plan, driver_holds_gpu
+from tba.plan import Plan
 from tba.runtime import watchdog as watchdog_module
 
 
 def init_ray(
-    cfg: Config, trainer_device: torch.device | None = None, gpus: int | None = None, cpus: int | None = None
+    address: str | None = None,
+    trainer_device: torch.device | None = None,
+    gpus: int | None = None,
+    cpus: int | None = None,
 ) -> bool:
-    """Join the configured cluster, or start a local instance; True if we started it. A local
+    """Join the cluster at ``address`` (``runtime.address``), or start a local instance; True if we started it. A local
     instance gets every GPU but the trainer's when the machine has several (:func:`searcher_gpu_ids`):
     Ray hands GPUs out without knowing that this process trains on one. ``gpus`` and ``cpus``: the
     visible GPUs and the usable cores as the run plan counted them (None: ask CUDA, and the OS)."""
     if ray.is_initialized():
         return False
     quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
-    if cfg.runtime.address:
-        ray.init(address=cfg.runtime.address, **quiet)
+    if address:
+        ray.init(address=address, **quiet)
         return True  # our connection; ray.shutdown() disconnects without stopping the cluster
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if trainer_device is None or trainer_device.type != "cuda":
@@ -100,15 +103,15 @@ def stop_watchdog(proc: subprocess.Popen | None) -> None:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: Config, plan: Plan):
+def ray_session(runtime: RuntimeConfig, plan: Plan):
     """Ray for a run (the ray runtime, and the sync runtime with ``trainer.num_ranks`` > 1): join
     ``runtime.address`` or start a local instance, watched by the watchdog, without the GPU this
     process uses (:func:`driver_device`); SIGTERM unwinds the run; shut down at the end. Yields
     whether this run started the instance."""
-    watchdog = start_watchdog(cfg.runtime)
+    watchdog = start_watchdog(runtime)
     started, old_sigterm = False, None
     try:
-        started = init_ray(cfg, driver_device(cfg, plan.torch_device), plan.hardware.gpus, plan.hardware.cpus)
+        started = init_ray(runtime.address, driver_device(plan), plan.hardware.gpus, plan.hardware.cpus)
         old_sigterm = interrupt_on_sigterm()  # after ray.init, which installs its own handler
         yield started
     finally:
@@ -135,18 +138,18 @@ def searcher_gpu_ids(trainer_device: torch.device, visible: str | None, count: i
     return ",".join(ids[:index] + ids[index + 1 :])
 
 
-def driver_device(cfg: Config, device: torch.device) -> torch.device | None:
+def driver_device(plan: Plan) -> torch.device | None:
     """The device of the ``tba train`` process that Ray must not hand out (None: it uses none Ray
-    knows of; :func:`tba.plan.driver_holds_gpu`)."""
-    return device if driver_holds_gpu(cfg, str(device)) else None
+    knows of; :attr:`tba.plan.Plan.driver_gpu`)."""
+    return plan.torch_device if plan.driver_gpu else None
 
 
-def one_engine_at_a_time(cfg: Config, plan: Plan, trainer_gpu_shared: bool) -> bool:
+def one_engine_at_a_time(plan: Plan, trainer_gpu_shared: bool) -> bool:
     """Whether the ray runtime starts its vLLM actors one after another, each before the trainer
     uses the GPU: when an engine shares its GPU (with the trainer, or with other actors). vLLM sizes
     its KV cache from the free memory it sees while it profiles (charging to itself whatever another
     process allocates meanwhile, and failing if another frees memory meanwhile)."""
-    if plan.torch_device.type != "cuda" or cfg.generation.backend != "vllm":
+    if plan.torch_device.type != "cuda" or not plan.engines:  # (engines: vLLM's)
         return False
-    shares = [plan.searcher_gpus or 0.0] + ([plan.eval_gpus or 0.0] if cfg.eval.async_ else [])
+    shares = [plan.searcher_gpus or 0.0] + ([plan.eval_gpus or 0.0] if plan.eval_actor else [])
     return trainer_gpu_shared or any(0 < share < 1 for share in shares)

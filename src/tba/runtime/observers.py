@@ -28,12 +28,12 @@ def due(step: int, every: int | None, last: int) -> bool:
 class InlineEvaluation:
     """Evaluate the trainer's policy in this process when due; the metrics join the step's record."""
 
-    def __init__(self, c, cfg, run_dir: Path, metrics: MetricsLogger) -> None:
-        self.c, self.cfg, self.run_dir, self.metrics = c, cfg, run_dir, metrics
+    def __init__(self, c, run_dir: Path, metrics: MetricsLogger, every: int | None, last: int) -> None:
+        self.c, self.run_dir, self.metrics, self.every, self.last = c, run_dir, metrics, every, last
 
     def after_step(self, step: int, record: dict) -> None:
-        if due(step, self.cfg.eval.every, self.cfg.trainer.steps):
-            record.update(evaluate_policy(self.c, self.cfg, self.run_dir, step, self.metrics))
+        if due(step, self.every, self.last):
+            record.update(evaluate_policy(self.c, self.run_dir, step, self.metrics))
 
 
 class BackgroundEvaluations:

@@ -10,25 +10,24 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tba.config import Config
 from tba.console import summary_table
-from tba.evaluation import Evaluator, write_samples
+from tba.evaluation import write_samples
 from tba.machine import describe_machine
 from tba.metrics import MetricsLogger, read_metrics
 from tba.models.precision import compute_as
 from tba.plots import plot_run
-from tba.runtime.build import Components, lazy_reference
+from tba.runtime.components import Components, policy_evaluator
 from tba.tasks.redteam import DEFAULT_EVAL_ATTACKS
 from tba.types import LoggedError
 
 
 def evaluate_policy(
-    c: Components, cfg: Config, run_dir: Path | None = None, step: int = 0, metrics: MetricsLogger | None = None
+    c: Components, run_dir: Path | None = None, step: int = 0, metrics: MetricsLogger | None = None
 ) -> dict:
     """Evaluate the trainer's policy; append a few completions with their scores to
     ``<run>/samples.jsonl`` and, given ``metrics``, to its TensorBoard and W&B; return the ``eval/*``
     metrics."""
-    evaluator = policy_evaluator(c, cfg)
+    evaluator = policy_evaluator(c)
     c.trainer.sync_policy()  # trainer ranks: their weights into this process's copy
     if evaluator.separate_copy:  # the searcher's vLLM engine, lent for this
         evaluator.generator.load_weights(c.trainer.published_state(), version=c.trainer.version)
@@ -44,27 +43,6 @@ def evaluate_policy(
     if metrics is not None:
         metrics.log_samples(step, result.samples)
     return result.metrics
-
-
-def policy_evaluator(c: Components, cfg: Config) -> Evaluator:
-    """The evaluator of the trainer's own policy (built on first use). With vLLM searchers in the
-    sync runtime it generates on the searcher's engine (loaded with the trainer's weights for each
-    evaluation, the searcher's own reloaded after); otherwise with HF ``generate`` on the policy (the
-    ray runtime's trainer holds no engine: ``eval.async=true`` evaluates on the evaluation actor's)."""
-    if c.evaluator is None:
-        # The frozen reference for evaluations that need it (KL): the searcher's in the sync
-        # runtime; in the ray runtime, where the trainer holds none, built once on first use.
-        if c.searcher is not None:
-            searcher = c.searcher
-            reference = lambda: searcher.reference  # noqa: E731
-        else:
-            reference = lazy_reference(cfg, c.plan, c.policy)
-        engine = None
-        if c.searcher is not None and cfg.generation.backend == "vllm":
-            engine = c.searcher.generator
-            engine = getattr(engine, "inner", engine)  # past random exploration: evaluation samples as configured
-        c.evaluator = Evaluator(cfg, c.task, c.tokenizer, c.policy, c.eos_ids, reference, engine)
-    return c.evaluator
 
 
 def eval_key(c: Components) -> str:
@@ -128,7 +106,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra: dict | None = None) -> dict:
+def write_summary(run_dir: Path, c: Components, start: float, extra: dict | None = None) -> dict:
     history = read_metrics(run_dir / "metrics.jsonl")
     key = eval_key(c)
     evals = [r for r in history if r.get(key) is not None]
@@ -149,9 +127,9 @@ def write_summary(run_dir: Path, c: Components, cfg: Config, start: float, extra
         **({"rank_peak_memory_gb": round(max(rank_peaks), 3)} if rank_peaks else {}),  # trainer.num_ranks > 1
         "wall_clock_s": round(time.time() - start, 1),
         "trainer_steps": c.trainer.version,
-        "runtime": cfg.runtime.type,
+        "runtime": c.plan.runtime,
         "policy": c.policy_path,
-        "task": cfg.task.name,
+        "task": c.task_name,
         "environment": describe_machine(),
         "prompts": c.ledger.summary(),  # every prompt drawn, per searcher (tba.runtime.ledger)
         **(extra or {}),
@@ -166,12 +144,12 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def print_summary(console: Console, s: dict, cfg: Config, run_dir: Path | None = None) -> None:
+def print_summary(console: Console, s: dict, eval_samples: int = 1, run_dir: Path | None = None) -> None:
     key = next(k[: -len("_initial")] for k in s if k.startswith("eval/") and k.endswith("_initial"))
     rate = key in ("eval/accuracy", "eval/win_rate", "eval/attack_success_rate")
     pattern = "{:.1%}" if rate else "{:.3f}"
-    if cfg.task.name == "redteam":
-        decoding = f"{cfg.eval.samples if cfg.eval.samples > 1 else DEFAULT_EVAL_ATTACKS} sampled attacks"
+    if s["task"] == "redteam":
+        decoding = f"{eval_samples if eval_samples > 1 else DEFAULT_EVAL_ATTACKS} sampled attacks"
     else:
         decoding = "greedy"
     rows = [
@@ -186,7 +164,7 @@ def print_summary(console: Console, s: dict, cfg: Config, run_dir: Path | None =
             _fmt(s["searcher/reward_mean_last10"], "{:.3f}"),
         ),
     ]
-    title = f"{cfg.task.name}, {cfg.runtime.type} runtime: {s['trainer_steps']} steps in {s['wall_clock_s']:.0f} s"
+    title = f"{s['task']}, {s['runtime']} runtime: {s['trainer_steps']} steps in {s['wall_clock_s']:.0f} s"
     console.print(summary_table(rows, title))
     if run_dir is not None:
         print_samples(console, run_dir)
@@ -215,11 +193,9 @@ def print_samples(console: Console, run_dir: Path, count: int = 3, width: int = 
         )
 
 
-def finish(
-    console: Console, run_dir: Path, c: Components, cfg: Config, start: float, extra: dict | None = None
-) -> dict:
+def finish(console: Console, run_dir: Path, c: Components, start: float, extra: dict | None = None) -> dict:
     """The end of every run: ``summary.json`` written, the plots drawn, the summary printed."""
-    summary = write_summary(run_dir, c, cfg, start, extra)
+    summary = write_summary(run_dir, c, start, extra)
     plot_run(run_dir, eval_key(c))
-    print_summary(console, summary, cfg, run_dir)
+    print_summary(console, summary, c.evaluation.samples if c.evaluation else 1, run_dir)
     return summary

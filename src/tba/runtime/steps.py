@@ -56,7 +56,7 @@ def train_steps(
     with RunDisplay.from_config(cfg.logging, t.steps, key) as display:
         display.update(c.trainer.version, initial)
         if background is None:
-            evaluation, finished = InlineEvaluation(c, cfg, run_dir, metrics), None
+            evaluation, finished = InlineEvaluation(c, run_dir, metrics, cfg.eval.every, t.steps), None
         else:
             evaluation, finished = background, FinishedEvaluations(background, run_dir, metrics, watches)
         before = background.before_checkpoint if background is not None else None

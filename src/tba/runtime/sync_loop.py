@@ -38,7 +38,7 @@ def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
 def train_sync(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
     """Train with ``cfg`` and its ``plan`` (:func:`tba.plan.plan_run`) in the sync runtime."""
     if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
-        with ray_session(cfg, plan):
+        with ray_session(cfg.runtime, plan):
             return _run(cfg, plan, console)
     return _run(cfg, plan, console)
 
@@ -61,9 +61,9 @@ def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path,
         initial = {}
         if not resumed:  # (a resume republished what the searcher loads next)
             c.trainer.publish()  # the searcher starts from the trainer's weights
-            initial = evaluate_policy(c, cfg, run_dir, 0, metrics)
+            initial = evaluate_policy(c, run_dir, 0, metrics)
             metrics.log(0, initial)
         source = LocalSource(c, run_dir, cfg.buffer.fresh_only, cfg.generation.group_size, cfg.run.seed)
         slowdown = SlowdownWatch(c.plan.hardware, c.plan.trainer_threads, busy_cores)
         extra = train_steps(c, cfg, run_dir, metrics, initial, source, slowdown, say)
-    return run_dir, finish(console, run_dir, c, cfg, start, extra)
+    return run_dir, finish(console, run_dir, c, start, extra)
