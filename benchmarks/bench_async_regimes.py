@@ -66,7 +66,7 @@ from harness import (
     spread,
 )
 from harness.settings import REAL_MODEL, SETTINGS
-from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, table
+from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, setting_arms, table
 
 # the sequence band (what tb_trust_region auto means for tb) and plain trajectory balance, both named
 SEQUENCE_BAND = ["--objective.tb_trust_region=0.5", "--objective.tb_trust_region_sequence=true"]
@@ -123,19 +123,7 @@ def diagnose(run_dir: Path, metric: str) -> dict:
 
 def arms(setting: str, names: list[str], seeds: list[int]) -> list[Arm]:
     """``names`` of :data:`ARMS` in ``setting`` (:data:`harness.settings.SETTINGS`)."""
-    args = list(SETTINGS[setting])
-    config = args.pop(0) if args and args[0].endswith(".yaml") else None
-    return [
-        Arm(
-            f"{setting}-{name}",
-            ARMS[name][0],
-            [*args, *ARMS[name][1]],
-            config,
-            seeds,
-            fields={"setting": setting, "arm": name},
-        )
-        for name in names
-    ]
+    return setting_arms(setting, ARMS, names, seeds)
 
 
 def run(trial: Trial, out: Path, extra: list[str]) -> dict:

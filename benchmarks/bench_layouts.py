@@ -36,8 +36,7 @@ import statistics
 from pathlib import Path
 
 from harness import ROOT, machine_line, outcome, parse_with_overrides, print_machine, results_folder, sampled
-from harness.settings import SETTINGS
-from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, table
+from harness.study import SEEDS, Arm, Column, Results, Trial, run_study, setting_arms, table
 
 from tba.config import load_config
 
@@ -53,19 +52,7 @@ ARMS: dict[str, tuple[str | None, list[str]]] = {  # name -> (runtime.type, othe
 
 def arms(setting: str, names: list[str], seeds: list[int]) -> list[Arm]:
     """``names`` of :data:`ARMS` in ``setting`` (:data:`harness.settings.SETTINGS`)."""
-    args = list(SETTINGS[setting])
-    config = args.pop(0) if args and args[0].endswith(".yaml") else None
-    return [
-        Arm(
-            f"{setting}-{name}",
-            ARMS[name][0],
-            [*args, *ARMS[name][1]],
-            config,
-            seeds,
-            fields={"setting": setting, "arm": name},
-        )
-        for name in names
-    ]
+    return setting_arms(setting, ARMS, names, seeds)
 
 
 def run(trial: Trial, out: Path, extra: list[str]) -> dict:

@@ -23,6 +23,7 @@ from typing import Any
 from harness.report import row as markdown_row
 from harness.report import rule, spread
 from harness.runs import TrainRun, train
+from harness.settings import SETTINGS
 
 ORDERS = ("arm", "seed", "abba")
 """How :func:`trials` orders a study's trials: ``arm``, each arm's seeds (and repeats) in turn;
@@ -301,3 +302,23 @@ def table(rows: Iterable[dict], by: Sequence[str], columns: Sequence[Column]) ->
             cells += [""] * (len(columns) - len(cells))
         lines.append(markdown_row(cells))
     return "\n".join(lines)
+
+
+def setting_arms(
+    setting: str, table_of_arms: Mapping[str, tuple[str, list[str]]], names: Sequence[str], seeds
+) -> list[Arm]:
+    """The arms ``names`` of ``table_of_arms`` (name -> runtime and overrides) in ``setting`` of
+    :data:`harness.settings.SETTINGS` (its config file, if it names one, and its overrides first)."""
+    args = list(SETTINGS[setting])
+    config = args.pop(0) if args and args[0].endswith(".yaml") else None
+    return [
+        Arm(
+            f"{setting}-{name}",
+            table_of_arms[name][0],
+            [*args, *table_of_arms[name][1]],
+            config,
+            seeds,
+            fields={"setting": setting, "arm": name},
+        )
+        for name in names
+    ]
