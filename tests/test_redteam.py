@@ -260,7 +260,7 @@ def test_min_attack_length_holds_in_training_and_evaluation(models, tmp_path):
     attacks = [[t for t in ids if t not in eos] for g in groups for ids in g.completions]
     assert len(attacks) == 16 and all(5 <= len(a) <= 8 for a in attacks)
     settings = EvalSettings(max_new_tokens=8, samples=6)
-    result = evaluate(c.task, HFGenerator(c.policy, c.tokenizer.pad_token_id, eos), c.tokenizer, settings, None, eos)
+    result = evaluate(c.task, HFGenerator(c.policy, c.tokenizer.pad_token_id, eos), c.tokenizer, settings, eos)
     assert result.metrics["eval/attacks"] == 6 and result.metrics["eval/attack_len"] == pytest.approx(5.0)
 
 

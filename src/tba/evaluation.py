@@ -45,7 +45,6 @@ def evaluate(
     generator: Generator,
     tokenizer,
     settings: EvalSettings,
-    chat_template: bool | None = None,
     eos_ids: set[int] | None = None,
     reference=None,
     conversations: ConversationSource | None = None,
@@ -54,6 +53,7 @@ def evaluate(
     ``conversations`` (tools or an environment), each problem is a whole conversation, scored by its
     environment's reward or, without one, by the task on the last reply."""
     eos = eos_ids or {tokenizer.eos_token_id}
+    chat_template = settings.chat_template  # (the prompts' encoding)
     ctx = EvalContext(generator, tokenizer, settings, chat_template, eos, reference)
     custom = task.evaluate(ctx)
     if custom is not None:
@@ -211,7 +211,6 @@ class Evaluator:
             self.generator,
             self.tokenizer,
             self.settings,
-            self.settings.chat_template,
             self.eos_ids,
             reference,
             self.conversations,

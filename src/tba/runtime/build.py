@@ -279,7 +279,7 @@ def build_components(
     settings = eval_settings(cfg.eval, cfg.generation, cfg.trainer.reference_packing, m.chat_template)
     c = Components(task, tokenizer, policy, buffer, trainer, searcher, eos, plan, cfg.task.name, settings)
     c.new_evaluator = lambda: trainer_evaluator(
-        c, settings, make_conversations(cfg.task, tokenizer, eos), m, cfg.generation.backend
+        c, make_conversations(cfg.task, tokenizer, eos), m, cfg.generation.backend
     )
     return c
 

@@ -62,13 +62,14 @@ def policy_evaluator(c: Components) -> Evaluator:
     return c.evaluator
 
 
-def trainer_evaluator(c: Components, settings: EvalSettings, conversations, m: ModelConfig, backend: str) -> Evaluator:
+def trainer_evaluator(c: Components, conversations, m: ModelConfig, backend: str) -> Evaluator:
     """The evaluator of the trainer's policy in ``c``. With vLLM searchers in the sync runtime it
     generates on the searcher's engine (loaded with the trainer's weights for each evaluation, the
     searcher's own reloaded after); otherwise with HF ``generate`` on the policy (the ray runtime's
     trainer holds no engine: ``eval.async=true`` evaluates on the evaluation actor's). The frozen
     reference, for evaluations that need it (KL): the searcher's in the sync runtime; in the ray
-    runtime, where the trainer holds none, built once on first use."""
+    runtime, where the trainer holds none, built once on first use. It evaluates as
+    ``c.evaluation`` says."""
     if c.searcher is not None:
         searcher = c.searcher
         reference = lambda: searcher.reference  # noqa: E731
@@ -78,7 +79,7 @@ def trainer_evaluator(c: Components, settings: EvalSettings, conversations, m: M
     if c.searcher is not None and backend == "vllm":
         engine = c.searcher.generator
         engine = getattr(engine, "inner", engine)  # past random exploration: evaluation samples as configured
-    return Evaluator(settings, c.task, c.tokenizer, c.policy, c.eos_ids, reference, engine, conversations)
+    return Evaluator(c.evaluation, c.task, c.tokenizer, c.policy, c.eos_ids, reference, engine, conversations)
 
 
 def lazy_reference(m: ModelConfig, plan: Plan, policy: torch.nn.Module):
