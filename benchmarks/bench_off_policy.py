@@ -350,7 +350,7 @@ def build_models(part: str) -> None:
 
     tasks = {"hard": HARD, "trust_tau": LONG, **{name: task for name, (task, _, _) in VARIANT_PARTS.items()}}
     cfg = load_config(None, tasks.get(part, []))
-    check_models(cfg, make_plan(cfg), log=lambda msg: print(msg, flush=True))
+    check_models(cfg.model, cfg.generation, cfg.task, make_plan(cfg), log=lambda msg: print(msg, flush=True))
 
 
 def cell(values: list[float]) -> str:

@@ -74,7 +74,9 @@ def run(ranks: int, cpus: int, path: str, steps: int, batch: Batch, pad: int, eo
             f"--runtime.rank_cpus={cpus}",
         ],
     )
-    group = RankGroup(cfg, make_plan(cfg), pad, {eos}, log=lambda m: None)
+    group = RankGroup(
+        cfg.model_dump(mode="json"), cfg.trainer, cfg.objective, make_plan(cfg), pad, {eos}, log=lambda m: None
+    )
     try:
         group.update(batch, 0)  # warm-up: AdamW allocates its state
         group.memory()

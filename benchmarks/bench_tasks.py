@@ -86,6 +86,7 @@ def bench_searcher(batches: int, task_name: str) -> dict:
     from tba.config import load_config
     from tba.plan import make_plan
     from tba.runtime.build import build_searcher
+    from tba.runtime.components import SearcherSections
     from tba.runtime.preflight import check_models, prepare_task
     from tba.weights import LocalWeightStore
 
@@ -95,11 +96,16 @@ def bench_searcher(batches: int, task_name: str) -> dict:
     from tba.config import absolute_paths
 
     cfg = absolute_paths(cfg)
-    prepare_task(cfg, log=lambda m: None)
+    prepare_task(cfg.model, cfg.task, cfg.objective, log=lambda m: None)
     weights = LocalWeightStore()
     plan = make_plan(cfg)
-    check_models(cfg, plan, log=lambda m: None)
-    searcher = build_searcher(cfg, plan, weights, log=lambda m: None)
+    check_models(cfg.model, cfg.generation, cfg.task, plan, log=lambda m: None)
+    searcher = build_searcher(
+        SearcherSections(cfg.generation, cfg.trainer, cfg.model, cfg.task, cfg.run.seed),
+        plan,
+        weights,
+        log=lambda m: None,
+    )
     weights.publish(searcher.generator.model.state_dict(), 0)
     task = searcher.task
     spent = {"sample": 0.0, "reward": 0.0}

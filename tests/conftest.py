@@ -228,7 +228,7 @@ def components(cfg, log=lambda _: None, **kwargs):
     from tba.runtime.build import build_components
     from tba.runtime.preflight import prepare_task, ready_plan
 
-    prepared = prepare_task(cfg, log)
+    prepared = prepare_task(cfg.model, cfg.task, cfg.objective, cfg.eval.samples, log)
     cfg, plan = plan_run(cfg)  # every auto decided, as tba train does
-    plan = ready_plan(cfg, plan, prepared[1], log, task=prepared[0])
+    plan = ready_plan(cfg.model, cfg.generation, cfg.task, plan, prepared[1], log, task=prepared[0])
     return build_components(cfg, plan, log, prepared=prepared, **kwargs)

@@ -334,7 +334,7 @@ def test_a_failed_start_does_not_block_its_run_name(tmp_path):
     started = tmp_path / "r"
     (started / "checkpoints").mkdir(parents=True)
     (started / "config.yaml").write_text("run: {}\n")
-    assert check_run_dir(cfg) == started
+    assert check_run_dir(cfg.run, cfg.task.name) == started
     (started / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.1}\n{"step": 1}\n')
     assert not remove_unstarted(started) and started.is_dir()
     # the starting weights' evaluation: no training, but the name stays taken; the clean-up after a

@@ -27,7 +27,7 @@ CONFIGS = {None: "tiny-arithmetic", "configs/custom_task.yaml": "tiny-arithmetic
 def test_the_demos_start_from_the_shipped_weights(config, tmp_path):
     cfg = load_config(config, [f"--model.cache_dir={tmp_path}"])
     path = make_plan(cfg).policy
-    check_models(cfg, make_plan(cfg), log=lambda m: pytest.fail(f"built a model: {m}"))
+    check_models(cfg.model, cfg.generation, cfg.task, make_plan(cfg), log=lambda m: pytest.fail(f"built a model: {m}"))
     entry = demo.shipped_index()[Path(path).name]
     assert Path(path).parent == demo.SHIPPED_DIR and Path(path).name.startswith(CONFIGS[config])
     assert demo.file_sha256(Path(path) / "model.safetensors") == entry["sha256"]

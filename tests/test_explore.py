@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tba.config import ConfigError, load_config
@@ -48,7 +50,10 @@ def test_exploring_batches_draw_settings_from_the_ranges():
 def test_each_searcher_gets_its_own_settings(tiny_checkpoint):
     from tests.conftest import components
 
+    from tba.config import with_values
+    from tba.plan import make_plan
     from tba.runtime.build import make_searcher
+    from tba.runtime.components import SearcherSections
 
     cfg = load_config(
         None,
@@ -63,8 +68,14 @@ def test_each_searcher_gets_its_own_settings(tiny_checkpoint):
     )
     c = components(cfg, log=lambda m: None)
     s = c.searcher
+    # the ray runtime's three searchers, as its plan gives them their settings (and prints them)
+    ray = make_plan(with_values(cfg, {"runtime.type": "ray", "runtime.num_searchers": 3}))
+    assert "searcher 1: temperature 1, top-p 0.9; exploring 50% of batches at 1-1.57" in "\n".join(ray.lines())
+    plan = dataclasses.replace(c.plan, sampling=ray.sampling)
+    sections = SearcherSections(cfg.generation, cfg.trainer, cfg.model, cfg.task, cfg.run.seed)
     made = [
-        make_searcher(cfg, c.plan, c.task, c.tokenizer, s.generator.model, s.reference, s.weights, i) for i in range(3)
+        make_searcher(sections, plan, c.task, c.tokenizer, s.generator.model, s.reference, s.weights, i)
+        for i in range(3)
     ]
     assert [m.params.temperature for m in made] == [0.5, 1.0, 0.5]
     assert all(m.params.top_p == 0.9 for m in made)

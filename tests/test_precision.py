@@ -31,7 +31,7 @@ def trained_weights(tiny_checkpoint, tokenizer, mode: str, steps: int = 10, lr: 
     """The policy's weights after ``steps`` AdamW steps at ``lr`` on one fixed batch, trained in ``mode``."""
     cfg = load_config(None, [f"--model.policy={tiny_checkpoint}", f"--trainer.precision={mode}"])
     precision = Precision.from_config(mode, CPU)
-    model = load_trainer_policy(cfg, str(tiny_checkpoint), CPU, precision)
+    model = load_trainer_policy(cfg.model, cfg.trainer, str(tiny_checkpoint), CPU, precision)
     buffer = ReplayBuffer(capacity=1000, recent_prob=1.0, seed=0)
     trainer = make_trainer(model, tokenizer, buffer, LocalWeightStore(), batch_prompts=6, lr=lr, grad_clip=None)
     trainer.precision = precision
@@ -47,10 +47,11 @@ def test_pure_bf16_loses_small_updates_and_bf16_mixed_keeps_them(tiny_checkpoint
     """lr 1e-6, 10 steps: pure bf16 leaves ~98% of the weights bit-identical (each update is below
     half a bf16 ulp of its weight); bf16-mixed moves every weight, its total update within 15% of
     fp32's (measured: 6.5%, cosine 0.998; the rest is bf16 compute in the gradients)."""
+    cfg = load_config(None, [f"--model.policy={tiny_checkpoint}"])
     start = {
         n: p.detach().clone()
         for n, p in load_trainer_policy(
-            load_config(None, [f"--model.policy={tiny_checkpoint}"]), str(tiny_checkpoint), CPU, Precision("fp32")
+            cfg.model, cfg.trainer, str(tiny_checkpoint), CPU, Precision("fp32")
         ).named_parameters()
     }
     runs = {mode: trained_weights(tiny_checkpoint, tokenizer, mode) for mode in ("fp32", "bf16-mixed", "bf16")}

@@ -122,7 +122,7 @@ def test_a_searcher_goes_on_from_its_place_across_epochs(chat_model, dataset):
 
 def replayed_ids(cfg, searcher: int, n: int) -> list[str]:
     """The prompt ids a searcher's first ``n`` draws are, replayed from its seed (tba.searcher.base)."""
-    task = prepare_task(cfg, log=lambda _: None)[0]
+    task = prepare_task(cfg.model, cfg.task, cfg.objective, log=lambda _: None)[0]
     rng = random.Random(cfg.run.seed * 1000 + searcher)
     return [p.id for p in task.sample_prompts(n, rng)]
 

@@ -124,7 +124,7 @@ def r_eos(run_dir) -> set[int]:
     from tba.runtime.preflight import prepare_task
 
     cfg = load_config(run_dir / "config.yaml")
-    tok = prepare_task(cfg, log=lambda _: None)[1]
+    tok = prepare_task(cfg.model, cfg.task, cfg.objective, log=lambda _: None)[1]
     return {tok.eos_token_id, *(tok.convert_tokens_to_ids(t) for t in ("<|im_end|>",) if t in tok.get_vocab())}
 
 

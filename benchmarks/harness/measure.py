@@ -74,9 +74,9 @@ def sync_components(path: str | None, overrides: list[str]):
     from tba.runtime.preflight import prepare_task, ready_plan
 
     cfg = load_config(path, ["--runtime.type=sync", *overrides])
-    prepared = prepare_task(cfg, lambda msg: None)
+    prepared = prepare_task(cfg.model, cfg.task, cfg.objective, cfg.eval.samples, lambda msg: None)
     cfg, plan = plan_run(cfg)
-    plan = ready_plan(cfg, plan, prepared[1], lambda msg: None, task=prepared[0])
+    plan = ready_plan(cfg.model, cfg.generation, cfg.task, plan, prepared[1], lambda msg: None, task=prepared[0])
     c = build_components(cfg, plan, lambda msg: None, prepared=prepared)
     c.trainer.publish()
     return cfg, c

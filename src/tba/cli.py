@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if entry_point and plan.runtime == "ray" and (failed := under_jemalloc(argv, debug)) is not None:
         return failed
     if plan.runtime == "ray":  # imports torch and ray: only once the config is valid
-        from tba.runtime.async_loop import train_ray as train
+        from tba.runtime.async_loop import run_ray as train
     else:
-        from tba.runtime.sync_loop import train_sync as train
+        from tba.runtime.sync_loop import run_sync as train
 
     old_sigterm = interrupt_on_sigterm()  # the ray runtime sets it again after ray.init
     try:
@@ -144,14 +144,14 @@ def under_jemalloc(argv: list[str], debug: bool) -> int | None:
 
 
 def run_or_clean_up(train, cfg, plan) -> None:
-    """``train(cfg, plan)``; if it raises, remove the run directory that this start created, unless training
+    """``train(cfg, plan=plan)``; if it raises, remove the run directory that this start created, unless training
     wrote something there (the evaluation of the starting weights is not training), so that a
     failed start does not block reusing the run's name."""
     from tba.runtime.run_dir import created_run_dirs, remove_unstarted  # torch: only once a run starts
 
     created_run_dirs.clear()
     try:
-        train(cfg, plan)
+        train(cfg, plan=plan)
     except BaseException:
         for run_dir in created_run_dirs:
             remove_unstarted(run_dir, step_zero=True)

@@ -189,9 +189,9 @@ def evaluate_target(target: Target) -> dict:
     where = f" ({target.checkpoint})" if target.checkpoint is not None else ""
     log(f"evaluating {target.label}{where}")
     start = time.perf_counter()
-    prepared = prepare_task(cfg, log)
+    prepared = prepare_task(cfg.model, cfg.task, cfg.objective, cfg.eval.samples, log)
     cfg, plan = plan_run(cfg, hardware=Hardware.detect())  # (every auto decided; no load watch, as before)
-    plan = ready_plan(cfg, plan, prepared[1], log, task=prepared[0])
+    plan = ready_plan(cfg.model, cfg.generation, cfg.task, plan, prepared[1], log, task=prepared[0])
     evaluator = load_evaluator(cfg, plan, target.checkpoint, log, prepared=prepared)
     result = evaluator()
     model = str(target.checkpoint) if target.checkpoint is not None else cfg.model.policy

@@ -33,7 +33,7 @@ from tba.plan.auto import (
     stale_by_design,
     tb_trust_region,
 )
-from tba.plan.generation import stream_kind, stream_sizes, vllm_engines
+from tba.plan.generation import sampling_line, searcher_sampling, stream_kind, stream_sizes, vllm_engines
 from tba.plan.layout import resolve as resolve_layout
 from tba.plan.placement import (
     actor_gpu_shares,
@@ -118,6 +118,12 @@ class Plan:
     """The ``tba train`` process uses its GPU where Ray must not hand it out (:func:`driver_holds_gpu`)."""
     eval_actor: bool = False
     """Evaluation runs in an actor of its own, beside the trainer (``eval.async`` in the ray runtime)."""
+    sampling: tuple[dict, ...] = ()
+    """Each searcher's temperature, top-p and exploring range (:func:`tba.plan.generation.searcher_sampling`)."""
+    explore_prob: float = 0.0
+    """The share of a searcher's batches that explore (``generation.explore_prob``)."""
+    ref_reset_every: int | None = None
+    """TBA′: steps between two resets of the reference to the policy (``objective.ref_reset_every``), or None."""
 
     @property
     def torch_device(self) -> torch.device:
@@ -147,6 +153,7 @@ class Plan:
         data = dataclasses.asdict(self)
         data["eos_ids"] = list(self.eos_ids)
         data["warnings"] = list(self.warnings)
+        data["sampling"] = list(self.sampling)
         return data
 
     @classmethod
@@ -155,6 +162,7 @@ class Plan:
         data["hardware"] = Hardware(**data["hardware"])
         data["eos_ids"] = tuple(data.get("eos_ids", ()))
         data["warnings"] = tuple(data.get("warnings", ()))
+        data["sampling"] = tuple(data.get("sampling", ()))
         return cls(**data)
 
     def save(self, run_dir: Path) -> Path:
@@ -189,6 +197,7 @@ class Plan:
         band = self.objective
         if needs(self.objective).balance:
             band = "plain TB" if self.trust_region is None else f"TB with the sequence band {self.trust_region:g}"
+        out.append(sampling_line(self.sampling, self.explore_prob))
         if self.max_in_flight is not None:
             out.append(f"  stream: {self.max_in_flight} prompt(s) in flight, refilled {self.refill} at a time")
         out.append(
@@ -202,15 +211,16 @@ class Plan:
         return out
 
 
-def builtin_setting(name: str, cfg: Config) -> ArithmeticTaskConfig | None:
+def builtin_setting(name: str, task) -> ArithmeticTaskConfig | None:
     """The arithmetic setting a built-in model (``builtin:...``) is warm-started on: the run's task
-    when it is arithmetic, else the model's default one; None for a model that is not built in."""
+    (``task``, its config) when it is arithmetic, else the model's default one; None for a model
+    that is not built in."""
     if not name.startswith(BUILTIN_PREFIX):
         return None
     if name == TOOL_MODEL:  # warm-started on calculator traces of the arithmetic task's setting
-        return cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig(digits=3, operators="*")
+        return task if task.name == "arithmetic" else ArithmeticTaskConfig(digits=3, operators="*")
     if name == "builtin:tiny-arithmetic":
-        return cfg.task if cfg.task.name == "arithmetic" else ArithmeticTaskConfig()
+        return task if task.name == "arithmetic" else ArithmeticTaskConfig()
     raise ConfigError(
         f"unknown built-in model {name!r}; the built-in models are builtin:tiny-arithmetic and {TOOL_MODEL}"
     )
@@ -219,7 +229,7 @@ def builtin_setting(name: str, cfg: Config) -> ArithmeticTaskConfig | None:
 def model_location(name: str, cfg: Config) -> str:
     """Where ``name`` (``model.policy`` or ``model.reference``) loads from, without loading or
     building anything: a hub id or path as given; a built-in model's shipped or cached folder."""
-    warm = builtin_setting(name, cfg)
+    warm = builtin_setting(name, cfg.task)
     return name if warm is None else str(builtin_location(name, warm, cfg.model.cache_dir))
 
 
@@ -384,4 +394,7 @@ def _plan(cfg: Config, hw: Hardware, why: dict[str, str]) -> Plan:
         **stream_sizes(cfg, stream),
         driver_gpu=driver_holds_gpu(cfg, device),
         eval_actor=ray_runtime and cfg.eval.async_,
+        sampling=searcher_sampling(cfg),
+        explore_prob=g.explore_prob,
+        ref_reset_every=o.ref_reset_every if needs(o).moves_reference(o) else None,
     )

@@ -51,3 +51,39 @@ def stream_kind(cfg: Config, device: str, exact: bool) -> str:
     if g.backend == "vllm":
         return "vllm"
     return "hf_continuous" if not exact and g.hf_stream == "continuous" else "hf_refill"
+
+
+def searcher_sampling(cfg: Config) -> tuple[dict, ...]:
+    """Each searcher's sampling, by its number (the plan's ``sampling``): its temperature and top-p
+    (``generation.searcher_temperatures`` / ``searcher_top_ps``, entry i mod their length, else
+    ``temperature`` / ``top_p``) and, with ``explore_prob``, the range its exploring batches draw a
+    temperature from (``explore_temperature``, default ``[T, T * 1.1 / 0.7]``) or None. The sync
+    runtime's one searcher is number 0, as is ``tba eval``'s engine."""
+    g = cfg.generation
+    count = cfg.runtime.num_searchers if cfg.runtime.type == "ray" else 1
+    out = []
+    for i in range(count):
+        t = g.searcher_temperatures[i % len(g.searcher_temperatures)] if g.searcher_temperatures else g.temperature
+        top_p = g.searcher_top_ps[i % len(g.searcher_top_ps)] if g.searcher_top_ps else g.top_p
+        explore = None
+        if g.explore_prob > 0:
+            explore = list(g.explore_temperature or (t, t * 1.1 / 0.7))
+        out.append({"temperature": t, "top_p": top_p, "explore_temperature": explore})
+    return tuple(out)
+
+
+def sampling_line(sampling: tuple[dict, ...], explore_prob: float) -> str:
+    """The searchers' sampling as the plan prints it: one entry when all sample alike."""
+
+    def one(s: dict) -> str:
+        text = f"temperature {s['temperature']:g}, top-p {s['top_p']:g}"
+        if s["explore_temperature"] is not None:
+            lo, hi = s["explore_temperature"]
+            text += f"; exploring {explore_prob:.0%} of batches at {lo:g}-{hi:g}"
+        return text
+
+    if not sampling:
+        return "  sampling: none"
+    if all(s == sampling[0] for s in sampling):
+        return f"  sampling: {one(sampling[0])}" + (" (every searcher)" if len(sampling) > 1 else "")
+    return "  sampling: " + "; ".join(f"searcher {i}: {one(s)}" for i, s in enumerate(sampling))

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from tba.config import Config, build_config
+from tba.config import build_config
 from tba.errors import UserError
 from tba.plan import Plan
 from tba.runtime.build import build_searcher, load_evaluator
+from tba.runtime.components import SearcherSections
 from tba.runtime.errors import CouldNotStart
 from tba.runtime.policy import seed_everything
 from tba.weights.ray.board import pack, unpack
@@ -54,7 +55,8 @@ class SearcherWorker:
         self.start_error: UserError | None = None  # bad input met while starting: raised by run()
         try:
             weights = channel_receiver(channel, searcher_id, self.incarnation)
-            self.searcher = build_searcher(cfg, plan, weights, searcher_id, log=lambda msg: None)
+            sections = SearcherSections(cfg.generation, cfg.trainer, cfg.model, cfg.task, cfg.run.seed)
+            self.searcher = build_searcher(sections, plan, weights, searcher_id, log=lambda msg: None)
         except UserError as err:
             self.start_error = err
             return
@@ -120,10 +122,11 @@ class EvalWorker:
 class BackgroundEvaluation:
     """The trainer's side of the evaluation actor."""
 
-    def __init__(self, cfg: Config, plan: Plan):
-        e = cfg.eval
-        self.actor = EvalWorker.options(num_cpus=e.eval_cpus, num_gpus=plan.eval_gpus).remote(
-            cfg.model_dump(mode="json", by_alias=True), plan.to_dict(), max(1, int(e.eval_cpus)), os.getcwd()
+    def __init__(self, cfg_data: dict, eval_cpus: float, plan: Plan):
+        """``cfg_data``: the run's config as data, which the actor builds its evaluator from;
+        ``eval_cpus``: its CPUs (``eval.eval_cpus``)."""
+        self.actor = EvalWorker.options(num_cpus=eval_cpus, num_gpus=plan.eval_gpus).remote(
+            cfg_data, plan.to_dict(), max(1, int(eval_cpus)), os.getcwd()
         )
         self._pending: ray.ObjectRef | None = None
         self.waited_s = 0.0  # the trainer's time spent waiting for the previous evaluation

@@ -32,7 +32,7 @@ import torch
 from rich.console import Console
 
 from tba import allocator
-from tba.config import Config, absolute_paths
+from tba.config import Config, RuntimeConfig, absolute_paths
 from tba.machine import busy_cores
 from tba.metrics import MetricsLogger
 from tba.plan import Plan, actor_gpu_shares, plan_run
@@ -49,18 +49,16 @@ from tba.runtime.restarts import SearcherPool
 from tba.runtime.run_dir import open_run, resume
 from tba.runtime.sources import InboxSource
 from tba.runtime.startup import StartUp
-from tba.runtime.steps import train_steps
+from tba.runtime.steps import LoopSections, train_steps
 from tba.weights import BackgroundPublisher, Sender
 from tba.weights.ray.channel import Channel, RankSender, channel_sender, open_channel
 
 
-def run_ray(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
-    """Train ``cfg`` in the ray runtime (``runtime.type`` ``ray``, or ``auto`` deciding so)."""
-    return train_ray(*plan_run(absolute_paths(cfg), "ray"), console)
-
-
-def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
-    """Train with ``cfg`` and its ``plan`` (:func:`tba.plan.plan_run`) in the ray runtime."""
+def run_ray(cfg: Config, console: Console | None = None, plan: Plan | None = None) -> tuple[Path, dict]:
+    """Train ``cfg`` in the ray runtime (``runtime.type`` ``ray``, or ``auto`` deciding so); with
+    ``plan``, ``cfg`` is the config :func:`tba.plan.plan_run` returned with it (``tba train``)."""
+    if plan is None:
+        cfg, plan = plan_run(absolute_paths(cfg), "ray")
     console = console or Console(stderr=True)
     start = time.time()
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
@@ -103,13 +101,14 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         # and the models' paths: no searcher builds the demo model).
         # trainer ranks take whole GPUs of their own: they start first, the searchers' shares then
         early = cfg.trainer.num_ranks == 1
+        cfg_data, eval_cpus = cfg.model_dump(mode="json", by_alias=True), cfg.eval.eval_cpus
         if early:
-            background = _start_actors(cfg, plan, names, shared, actors)
+            background = _start_actors(r, cfg_data, plan, names, shared, actors, eval_cpus)
             startup.mark("starting searchers")
         c = build_components(cfg, plan, log, weights=weights, with_searcher=False, prepared=prepared)
         startup.mark("trainer's model")
         if not early:
-            background = _start_actors(cfg, plan, names, shared, actors)
+            background = _start_actors(r, cfg_data, plan, names, shared, actors, eval_cpus)
             startup.mark("starting searchers")
         if background is not None:
             closing.callback(background.stop)
@@ -131,7 +130,10 @@ def train_ray(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[
         memory = "jemalloc" if allocator.loaded() else "the system allocator"
         startup.mark("evaluation at step 0")
         log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
-        extra = _train(c, cfg, run_dir, metrics, initial, inbox, pool, background, startup, log, say)
+        here = local_threads(cfg, plan.trainer_threads, plan.searcher_threads, plan.rank_threads)
+        slowdown = SlowdownWatch(plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
+        sections = LoopSections(cfg.trainer, cfg.buffer, cfg.generation, cfg.logging, cfg.eval.every)
+        extra = _train(c, sections, run_dir, metrics, initial, inbox, pool, background, startup, slowdown, log, say)
         c.trainer.flush_publication()  # the last publication lands while its searchers still listen
     return run_dir, finish(console, run_dir, c, start, extra)
 
@@ -145,14 +147,22 @@ def _sender(num_ranks: int, channel: Channel, log) -> Sender:
     return BackgroundPublisher(channel_sender(channel, log))
 
 
-def _start_actors(cfg: Config, plan: Plan, names: tuple[Channel, str], shared: bool, actors: list):
-    """Start the searcher actors (appended to ``actors`` as they start, for the caller's clean-up)
-    and the evaluation actor (``eval.async``; returned, else None). vLLM engines that share a GPU
-    start one at a time, before the trainer uses it: each sizes its KV cache from the memory the GPU
-    has free while it profiles, which another process's allocations would take from it (or, freed
-    meanwhile, make vLLM's profiling fail)."""
-    r = cfg.runtime
-    cfg_data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
+def _start_actors(
+    r: RuntimeConfig,
+    cfg_data: dict,
+    plan: Plan,
+    names: tuple[Channel, str],
+    shared: bool,
+    actors: list,
+    eval_cpus: float,
+):
+    """Start the searcher actors of ``runtime`` settings, each building its part from the run's
+    config as data (appended to ``actors`` as they start, for the caller's clean-up), and the
+    evaluation actor (the plan's ``eval_actor``, on ``eval.eval_cpus``; returned, else None). vLLM
+    engines that share a GPU start one at a time, before the trainer uses it: each sizes its KV
+    cache from the memory the GPU has free while it profiles, which another process's allocations
+    would take from it (or, freed meanwhile, make vLLM's profiling fail)."""
+    plan_data = plan.to_dict()
     alone = one_engine_at_a_time(plan, shared)
     for i in range(r.num_searchers):
         actors.append(
@@ -165,9 +175,9 @@ def _start_actors(cfg: Config, plan: Plan, names: tuple[Channel, str], shared: b
         )
         if alone:  # (a searcher that fails to start is reported by the pool, as always)
             ray.wait([actors[-1].__ray_ready__.remote()], timeout=None)
-    if not cfg.eval.async_:
+    if not plan.eval_actor:
         return None
-    background = BackgroundEvaluation(cfg, plan)
+    background = BackgroundEvaluation(cfg_data, eval_cpus, plan)
     if alone:
         ray.wait([background.actor.__ray_ready__.remote()], timeout=None)
     return background
@@ -184,7 +194,7 @@ def published_weights(c: Components) -> dict | ray.ObjectRef:
 
 def _train(
     c: Components,
-    cfg: Config,
+    sections: LoopSections,
     run_dir: Path,
     metrics: MetricsLogger,
     initial: dict,
@@ -192,16 +202,16 @@ def _train(
     pool: SearcherPool,
     background: BackgroundEvaluation | None,
     startup: StartUp,
+    slowdown: SlowdownWatch,
     log,
     say,
 ) -> dict:
     """The steps of a ray run (:func:`tba.runtime.steps.train_steps`) from the inbox of its searchers."""
-    t, plan = cfg.trainer, c.plan
-    gate = StepGate(t.batch_prompts * cfg.generation.group_size, t.max_replay_ratio, plan.replay_window, plan.lag_bound)
+    t, plan = sections.trainer, c.plan
+    batch = t.batch_prompts * sections.generation.group_size
+    gate = StepGate(batch, t.max_replay_ratio, plan.replay_window, plan.lag_bound)
     source = InboxSource(c, inbox, pool, run_dir, gate, t.batch_prompts, startup, log)
-    here = local_threads(cfg, plan.trainer_threads, plan.searcher_threads, plan.rank_threads)
-    slowdown = SlowdownWatch(plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
     evaluations = None
     if background is not None:
-        evaluations = BackgroundEvaluations(background, lambda: published_weights(c), cfg.eval.every, t.steps)
-    return train_steps(c, cfg, run_dir, metrics, initial, source, slowdown, say, evaluations)
+        evaluations = BackgroundEvaluations(background, lambda: published_weights(c), sections.eval_every, t.steps)
+    return train_steps(c, sections, run_dir, metrics, initial, source, slowdown, say, evaluations)

@@ -10,7 +10,7 @@ import torch
 
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import load_policy_weights
-from tba.config import BufferConfig, Config
+from tba.config import BufferConfig, Config, GenerationConfig, ModelConfig
 from tba.conversations import make_conversations
 from tba.evaluation import Evaluator, eval_settings
 from tba.generation.base import Generator, SamplingParams
@@ -27,9 +27,8 @@ from tba.models.lora import (
     published_state,
 )
 from tba.models.precision import Precision
-from tba.objectives.needs import needs
 from tba.plan import Plan
-from tba.runtime.components import Components, lazy_reference, trainer_evaluator
+from tba.runtime.components import Components, SearcherSections, lazy_reference, trainer_evaluator
 from tba.runtime.policy import load_trainer_policy, make_trainer, quiet_transformers
 from tba.runtime.preflight import make_task, policy_tokenizer, prepare_task
 from tba.runtime.ranks import RankGroup
@@ -61,43 +60,44 @@ def completion_eos(plan: Plan) -> set[int]:
 
 
 def make_generator(
-    cfg: Config,
+    g: GenerationConfig,
+    m: ModelConfig,
     plan: Plan,
     sampler: torch.nn.Module | None,
     pad_id: int,
     eos: set[int],
-    searcher_id: int = 0,
+    seed: int,
     role: str = "searcher",
 ) -> Generator:
-    """The searcher's generation backend: HF ``generate`` over ``sampler``, or a vLLM engine that
-    loads ``model.policy`` itself (``sampler`` is then None, or for a LoRA policy the PEFT copy
-    whose merged weights the engine is handed at each publication). ``role``: whose engine
-    (``searcher``, ``evaluation``): its memory and sleep are the plan's for that role."""
-    if cfg.generation.backend == "hf":
+    """The searcher's generation backend (``generation``): HF ``generate`` over ``sampler``, or a
+    vLLM engine that loads ``model.policy`` itself (``sampler`` is then None, or for a LoRA policy
+    the PEFT copy whose merged weights the engine is handed at each publication). ``seed``: the
+    engine's; ``role``: whose engine (``searcher``, ``evaluation``): its memory and sleep are the
+    plan's for that role."""
+    if g.backend == "hf":
         return HFGenerator(sampler, pad_id, eos)
 
-    device = plan.torch_device
-    settings = cfg.generation.vllm
+    settings = g.vllm
     engine = VLLMGenerator(
         plan.policy,
         eos,
-        device,
+        plan.torch_device,
         plan.torch_dtype,
-        seed=cfg.run.seed * 1000 + searcher_id,
-        trust_remote_code=cfg.model.trust_remote_code,
+        seed=seed,
+        trust_remote_code=m.trust_remote_code,
         **{  # the engine settings, named as the generator names them
             **settings.model_dump(exclude={"lora"}),
             **plan.engines[role],
         },
-        lora_rank=cfg.model.lora.r if cfg.model.lora is not None and settings.lora == "adapter" else None,
+        lora_rank=m.lora.r if m.lora is not None and settings.lora == "adapter" else None,
     )
-    if cfg.model.lora is not None:
+    if m.lora is not None:
         return (AdapterLoraGenerator if settings.lora == "adapter" else MergedLoraGenerator)(engine, sampler)
     return engine
 
 
 def make_searcher(
-    cfg: Config,
+    sections: SearcherSections,
     plan: Plan,
     task: Task,
     tokenizer,
@@ -106,20 +106,17 @@ def make_searcher(
     weights: Receiver,
     searcher_id: int = 0,
 ) -> Searcher:
-    """A searcher over ``sampler`` (vLLM: None, its engine holds the policy; or a LoRA policy's copy)."""
-    g, t = cfg.generation, cfg.trainer
+    """A searcher over ``sampler`` (vLLM: None, its engine holds the policy; or a LoRA policy's
+    copy), sampling as the plan says for searcher ``searcher_id``."""
+    g, t, m, seed = sections.generation, sections.trainer, sections.model, sections.seed
     eos = completion_eos(plan)
-    temperature = (
-        g.searcher_temperatures[searcher_id % len(g.searcher_temperatures)]
-        if g.searcher_temperatures
-        else g.temperature
-    )
-    top_p = g.searcher_top_ps[searcher_id % len(g.searcher_top_ps)] if g.searcher_top_ps else g.top_p
-    generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, searcher_id)
-    if g.explore_prob > 0:
-        t_range = g.explore_temperature or (temperature, temperature * 1.1 / 0.7)
+    sampling = plan.sampling[searcher_id % len(plan.sampling)]
+    temperature, top_p = sampling["temperature"], sampling["top_p"]
+    generator = make_generator(g, m, plan, sampler, tokenizer.pad_token_id, eos, seed * 1000 + searcher_id)
+    if sampling["explore_temperature"] is not None:
+        t_range = tuple(sampling["explore_temperature"])
         generator = ExploringGenerator(
-            generator, g.explore_prob, t_range, g.explore_top_p, seed=cfg.run.seed * 1000 + searcher_id
+            generator, g.explore_prob, t_range, g.explore_top_p, seed=seed * 1000 + searcher_id
         )
     params = SamplingParams(
         n=plan.samples_per_prompt,
@@ -132,7 +129,7 @@ def make_searcher(
     )
     kind, streaming = Searcher, {}
     device_type = plan.torch_device.type
-    conversations = make_conversations(cfg.task, tokenizer, eos)  # None for a single-turn task
+    conversations = make_conversations(sections.task, tokenizer, eos)  # None for a single-turn task
     if conversations is None and plan.stream != "batch":
         exact = plan.exact_stream  # each step: its batch's prompts, all of them to the end
         in_flight = plan.max_in_flight
@@ -144,7 +141,7 @@ def make_searcher(
             params,
             in_flight,
             refill=plan.refill,
-            seed=cfg.run.seed * 1000 + searcher_id,
+            seed=seed * 1000 + searcher_id,
             loader=generator,
         )
         kind = StreamingSearcher
@@ -160,7 +157,7 @@ def make_searcher(
             # reloads the reference between steps)
             "reference_thread": device_type == "cuda"
             and not isinstance(reference, ReferenceView)
-            and not needs(cfg.objective).moves_reference(cfg.objective),
+            and plan.ref_reset_every is None,
         }
     return kind(
         task,
@@ -172,35 +169,37 @@ def make_searcher(
         g.prompts_per_batch,
         eos,
         searcher_id=searcher_id,
-        seed=cfg.run.seed,
-        chat_template=cfg.model.chat_template,
+        seed=seed,
+        chat_template=m.chat_template,
         unfinished_reward=g.unfinished_reward,
-        ref_reset_every=cfg.objective.ref_reset_every if needs(cfg.objective).moves_reference(cfg.objective) else None,
+        ref_reset_every=plan.ref_reset_every,
         # the reference pass is cut as the trainer's forward passes are (it holds no activations for
         # a backward pass, so what fits the trainer fits it)
         ref_micro_batch=t.micro_batch_prompts * plan.samples_per_prompt if t.micro_batch_prompts else None,
         ref_max_tokens=t.micro_batch_tokens,
         ref_packing=t.reference_packing,
         ref_row_tokens=t.packing_row_tokens,
-        reward_timeout=cfg.task.reward_timeout,
+        reward_timeout=sections.task.reward_timeout,
         conversations=conversations,
         **streaming,
     )
 
 
-def build_searcher(cfg: Config, plan: Plan, weights: Receiver, searcher_id: int = 0, log=print) -> Searcher:
+def build_searcher(
+    sections: SearcherSections, plan: Plan, weights: Receiver, searcher_id: int = 0, log=print
+) -> Searcher:
     """A searcher with its own sampling copy of the policy and its own reference model (for a
     searcher process: it loads the weights that the trainer publishes). With ``model.lora`` the
     sampler carries an adapter (filled by the trainer's first publication) and the reference is the
     same module with the adapter switched off: one copy of the base weights."""
     quiet_transformers()
     device = plan.torch_device
-    m = cfg.model
+    m = sections.model
     tokenizer = load_tokenizer(m.tokenizer or plan.policy, m.trust_remote_code)
-    task = make_task(cfg.task, cfg.model.chat_template, tokenizer, log)
+    task = make_task(sections.task, m.chat_template, tokenizer, log)
     task.setup(device)  # task-owned models live in searcher processes, never in the trainer
     sampler = None  # with vLLM the engine loads the policy itself
-    if cfg.generation.backend == "hf" or m.lora is not None:  # vLLM with LoRA: the adapter's base, merged from
+    if sections.generation.backend == "hf" or m.lora is not None:  # vLLM with LoRA: the adapter's base, merged from
         sampler = load_causal_lm(plan.policy, device, plan.dtype, m.trust_remote_code, trainable=False)
     if m.lora is not None:
         sampler = add_adapter(sampler, m.lora).eval().requires_grad_(False)
@@ -208,7 +207,7 @@ def build_searcher(cfg: Config, plan: Plan, weights: Receiver, searcher_id: int 
     else:
         reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
     # a searcher process: its engine's memory and sleep are the plan's for a searcher
-    return make_searcher(cfg, plan, task, tokenizer, sampler, reference, weights, searcher_id)
+    return make_searcher(sections, plan, task, tokenizer, sampler, reference, weights, searcher_id)
 
 
 def build_components(
@@ -225,29 +224,32 @@ def build_components(
     ``prepared``: what :func:`tba.runtime.preflight.prepare_task` returned, if the caller checked
     the task already."""
     quiet_transformers()
-    task, prepared_tokenizer = prepared or prepare_task(cfg, log)
+    task, prepared_tokenizer = prepared or prepare_task(cfg.model, cfg.task, cfg.objective, cfg.eval.samples, log)
     eos = completion_eos(plan)
     device = plan.torch_device
-    m = cfg.model
-    tokenizer = policy_tokenizer(cfg.model, plan, prepared_tokenizer)
+    m, t = cfg.model, cfg.trainer
+    tokenizer = policy_tokenizer(m, plan, prepared_tokenizer)
     precision = Precision(plan.precision, device.type)
     precision.warn(log)
     ranks = None
-    if cfg.trainer.num_ranks > 1:  # this process keeps an unsharded copy, for evaluation and checkpoints
+    if t.num_ranks > 1:  # this process keeps an unsharded copy, for evaluation and checkpoints
         # in the ray runtime on CPU: the GPUs are the ranks' and the searchers'
         copy_device = torch.device("cpu") if plan.runtime == "ray" else device
-        policy = load_trainer_policy(cfg, plan.policy, copy_device, precision, gradient_checkpointing=False)
+        policy = load_trainer_policy(m, t, plan.policy, copy_device, precision, gradient_checkpointing=False)
     else:
-        policy = load_trainer_policy(cfg, plan.policy, device, precision)
+        policy = load_trainer_policy(m, t, plan.policy, device, precision)
     pad = tokenizer.pad_token_id
-    if cfg.trainer.num_ranks > 1:
+    if t.num_ranks > 1:
         # a LoRA adapter starts from this copy's random initialisation; a full model from its file
-        ranks = RankGroup(cfg, plan, pad, eos, log, initial=policy_state(policy) if m.lora is not None else None)
+        initial = policy_state(policy) if m.lora is not None else None
+        ranks = RankGroup(cfg.model_dump(mode="json"), t, cfg.objective, plan, pad, eos, log, initial=initial)
     lag = plan.extra_lag
-    weights = weights or LocalWeightStore(keep=publications_to_keep(lag, cfg.trainer.sync_interval))
+    weights = weights or LocalWeightStore(keep=publications_to_keep(lag, t.sync_interval))
     buffer = make_buffer(cfg.buffer, cfg.run.seed, plan)
     trainer = make_trainer(
-        cfg,
+        t,
+        cfg.objective,
+        cfg.generation,
         plan,
         policy,
         pad,
@@ -275,8 +277,9 @@ def build_components(
         else:
             reference = load_causal_lm(plan.reference, device, plan.dtype, m.trust_remote_code, trainable=False)
         seen = DelayedWeights(weights, lag) if lag else weights  # runtime.extra_lag: older weights
-        searcher = make_searcher(cfg, plan, task, tokenizer, sampler, reference, seen)
-    settings = eval_settings(cfg.eval, cfg.generation, cfg.trainer.reference_packing, m.chat_template)
+        sections = SearcherSections(cfg.generation, t, m, cfg.task, cfg.run.seed)
+        searcher = make_searcher(sections, plan, task, tokenizer, sampler, reference, seen)
+    settings = eval_settings(cfg.eval, cfg.generation, t.reference_packing, m.chat_template)
     c = Components(task, tokenizer, policy, buffer, trainer, searcher, eos, plan, cfg.task.name, settings)
     c.new_evaluator = lambda: trainer_evaluator(
         c, make_conversations(cfg.task, tokenizer, eos), m, cfg.generation.backend
@@ -298,7 +301,7 @@ def load_evaluator(
     ``plan``: the run's, ready (:func:`tba.runtime.preflight.ready_plan`); ``prepared``: what
     :func:`tba.runtime.preflight.prepare_task` returned, if the caller has it."""
     m = cfg.model
-    task, tokenizer = prepared or prepare_task(cfg, log)
+    task, tokenizer = prepared or prepare_task(m, cfg.task, cfg.objective, cfg.eval.samples, log)
     device = plan.torch_device
     if checkpoint is not None and m.lora is None:
         policy = load_causal_lm(str(checkpoint), device, plan.dtype, m.trust_remote_code, trainable=False)
@@ -314,7 +317,8 @@ def load_evaluator(
         # An engine on model.policy, then the checkpoint's weights: a checkpoint folder also holds
         # the trainer's state files, which vLLM would take for weight shards.
         sampler = policy if m.lora is not None else None
-        generator = make_generator(cfg, plan, sampler, tokenizer.pad_token_id, eos, role="evaluation")
+        seed = cfg.run.seed * 1000  # searcher 0's
+        generator = make_generator(cfg.generation, m, plan, sampler, tokenizer.pad_token_id, eos, seed, "evaluation")
         log(f"generation: a vLLM engine on {plan.policy}")
         if checkpoint is not None:
             generator.load_weights(published_state(policy), version=-1)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tba.buffer import ReplayBuffer
-from tba.config import ModelConfig
+from tba.config import GenerationConfig, ModelConfig, TrainerConfig
 from tba.evaluation import Evaluator
 from tba.models.loading import load_causal_lm
 from tba.models.lora import ReferenceView
@@ -19,6 +19,18 @@ from tba.searcher import Searcher
 from tba.tasks import Task
 from tba.trainer import Trainer
 from tba.types import EvalSettings
+
+
+@dataclass(frozen=True)
+class SearcherSections:
+    """The config sections a searcher is built from (:func:`tba.runtime.build.make_searcher`): the
+    rest of what it needs is the plan's."""
+
+    generation: GenerationConfig
+    trainer: TrainerConfig  # the reference pass is cut as the trainer's passes are
+    model: ModelConfig
+    task: object  # the task's config (``task``)
+    seed: int  # ``run.seed``
 
 
 @dataclass

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from tba.config import Config, ConfigError
+from tba.config import ConfigError, GenerationConfig, ModelConfig, ObjectiveConfig, TrainerConfig
 from tba.models.loading import (
     load_causal_lm,
 )
@@ -35,12 +35,17 @@ def quiet_transformers() -> None:
 
 
 def load_trainer_policy(
-    cfg: Config, path: str, device: torch.device, precision: Precision, gradient_checkpointing: bool = True
+    m: ModelConfig,
+    t: TrainerConfig,
+    path: str,
+    device: torch.device,
+    precision: Precision,
+    gradient_checkpointing: bool = True,
 ) -> torch.nn.Module:
-    """The policy the trainer updates, in ``precision``'s weights dtype (fp32 master weights for
-    bf16-mixed). With LoRA only the adapter trains: the frozen base stays in ``model.dtype`` unless
-    the precision is fp32, and PEFT keeps the adapter in fp32 (cast to bf16 for pure bf16)."""
-    m = cfg.model
+    """The policy the trainer updates (``model``, loaded from ``path``), in ``precision``'s weights
+    dtype (fp32 master weights for bf16-mixed). With LoRA only the adapter trains: the frozen base
+    stays in ``model.dtype`` unless the precision is fp32, and PEFT keeps the adapter in fp32 (cast
+    to bf16 for pure bf16). ``trainer.gradient_checkpointing`` applies where ``gradient_checkpointing``."""
     dtype = precision.weights_dtype_name()
     if m.lora is not None and precision.mode == "bf16-mixed":
         dtype = m.dtype
@@ -49,7 +54,7 @@ def load_trainer_policy(
         policy = add_adapter(policy, m.lora)  # only the adapter trains; the base is the reference
         if precision.mode == "bf16":
             policy = policy.to(torch.bfloat16)
-    if cfg.trainer.gradient_checkpointing and gradient_checkpointing:
+    if t.gradient_checkpointing and gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     return policy
 
@@ -71,9 +76,18 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
 
 
 def make_trainer(
-    cfg: Config, plan: Plan, model: torch.nn.Module, pad_id: int, eos: set[int], precision: Precision, **parts
+    t: TrainerConfig,
+    o: ObjectiveConfig,
+    g: GenerationConfig,
+    plan: Plan,
+    model: torch.nn.Module,
+    pad_id: int,
+    eos: set[int],
+    precision: Precision,
+    **parts,
 ) -> Trainer:
-    """A trainer of ``model`` with the run's trainer and objective settings and the run plan's
+    """A trainer of ``model`` with the run's ``trainer`` and ``objective`` settings (of
+    ``generation``: the group size and the completions' longest length) and the run plan's
     decisions for them (TB's band, the gradient clip); ``parts``: the buffer, weight store, ranks
     and publication dtype of the process that holds it (none for a rank)."""
     parts = {
@@ -88,12 +102,12 @@ def make_trainer(
         model,
         parts.pop("buffer"),
         parts.pop("weights"),
-        cfg.trainer,
-        cfg.objective,
-        cfg.generation.group_size,
+        t,
+        o,
+        g.group_size,
         pad_id,
         eos,
-        max_new_tokens=cfg.generation.max_new_tokens,
+        max_new_tokens=g.max_new_tokens,
         precision=precision,
         **parts,
     )

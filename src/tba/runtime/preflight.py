@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tba.config import Config, ConfigError, GenerationConfig, ModelConfig
+from tba.config import ConfigError, GenerationConfig, ModelConfig, ObjectiveConfig
 from tba.conversations import make_conversations
 from tba.demo import BUILTIN_PREFIX, TOOL_MODEL
 from tba.demo.builtin import build_builtin
@@ -21,19 +21,21 @@ from tba.runtime.policy import quiet_transformers
 from tba.tasks import Task, build_task
 
 
-def check_models(cfg: Config, plan: Plan, log=print):
-    """Build the built-in models the plan names, where it names them, on first use, and check, from
-    their configs alone, that the policy and the reference exist and are causal LMs: before the run
-    directory exists. Returns the policy's config (None for a PEFT adapter folder)."""
-    for name, path in ((cfg.model.policy, plan.policy), (cfg.model.reference, plan.reference)):
-        warm = builtin_setting(name, cfg) if name else None
+def check_models(m: ModelConfig, g: GenerationConfig, task_cfg, plan: Plan, log=print):
+    """Build the built-in models the plan names (``model``; a built-in one is warm-started on the
+    setting of ``task_cfg``, the task's config), where it names them, on first use, and check, from
+    their configs alone, that the policy and the reference exist and are causal LMs, and that the
+    ``generation`` backend can serve the policy: before the run directory exists. Returns the
+    policy's config (None for a PEFT adapter folder)."""
+    for name, path in ((m.policy, plan.policy), (m.reference, plan.reference)):
+        warm = builtin_setting(name, task_cfg) if name else None
         if warm is not None:
             build_builtin(name, warm, Path(path), log)
-    config = check_causal_lm(plan.policy, cfg.model.trust_remote_code, what="model.policy")
+    config = check_causal_lm(plan.policy, m.trust_remote_code, what="model.policy")
     if plan.reference != plan.policy:
-        check_causal_lm(plan.reference, cfg.model.trust_remote_code, what="model.reference")
-    if cfg.generation.backend == "vllm":
-        check_vllm_backend(config, plan.torch_device, sleep=cfg.generation.vllm.sleep)
+        check_causal_lm(plan.reference, m.trust_remote_code, what="model.reference")
+    if g.backend == "vllm":
+        check_vllm_backend(config, plan.torch_device, sleep=g.vllm.sleep)
     return config
 
 
@@ -85,25 +87,26 @@ def make_task(task_cfg, chat_template: bool | None, tokenizer=None, log=print) -
     return build_task(task_cfg, tokenizer=tokenizer, chat_template=chat_template, log=log)
 
 
-def prepare_task(cfg: Config, log=print) -> tuple[Task, object]:
-    """The task and the tokenizer, checked before any model is loaded (or, for the demo model,
-    built): the dataset loads, its prompts fit, and the reward functions score two evaluation
-    rows; ``model.lora`` settings fit LoRA's reference. Raises with a message that says what to fix."""
+def prepare_task(m: ModelConfig, task_cfg, o: ObjectiveConfig, eval_samples: int = 1, log=print) -> tuple[Task, object]:
+    """The task of ``task_cfg`` (the task's config) and the tokenizer of ``model``, checked before any
+    model is loaded (or, for the demo model, built): the dataset loads, its prompts fit, and the
+    reward functions score two evaluation rows; ``model.lora`` settings fit the objective's
+    reference; ``eval_samples`` (``eval.samples``) above 1 has a success score to count. Raises with
+    a message that says what to fix."""
     quiet_transformers()
-    check_lora_config(cfg.model, cfg.objective)
-    m = cfg.model
+    check_lora_config(m, o)
     if m.tokenizer is None and m.policy.startswith(BUILTIN_PREFIX):  # its tokenizer, without building the model
         tokenizer = build_tool_tokenizer() if m.policy == TOOL_MODEL else build_char_tokenizer()
     else:
         what = "model.tokenizer" if m.tokenizer else "model.policy"
         tokenizer = load_tokenizer(m.tokenizer or m.policy, m.trust_remote_code, what=what)
-    task = make_task(cfg.task, cfg.model.chat_template, tokenizer, log)
+    task = make_task(task_cfg, m.chat_template, tokenizer, log)
     task.check()
-    if cfg.task.multi_turn:  # the tools load and the template can call them, before any model is loaded
-        make_conversations(cfg.task, tokenizer, eos_ids(tokenizer, None, m.eos_tokens, m.chat_template)).close()
-    if cfg.eval.samples > 1 and not task.success_scores:
+    if task_cfg.multi_turn:  # the tools load and the template can call them, before any model is loaded
+        make_conversations(task_cfg, tokenizer, eos_ids(tokenizer, None, m.eos_tokens, m.chat_template)).close()
+    if eval_samples > 1 and not task.success_scores:
         raise ConfigError(
-            f"eval.samples={cfg.eval.samples} asks for pass@k, which needs a success score: "
+            f"eval.samples={eval_samples} asks for pass@k, which needs a success score: "
             "set task.success_threshold (a reward at or above it is a success)"
         )
     log(task.describe())
@@ -118,17 +121,26 @@ def policy_tokenizer(m: ModelConfig, plan: Plan, prepared_tokenizer):
     return prepared_tokenizer
 
 
-def ready_plan(cfg: Config, plan: Plan, prepared_tokenizer, log=print, task: Task | None = None) -> Plan:
-    """``plan`` (:func:`tba.plan.make_plan`'s for ``cfg``) ready for the builders: its models built
-    (a built-in one on first use) and checked, and the ids that end a completion.
+def ready_plan(
+    m: ModelConfig,
+    g: GenerationConfig,
+    task_cfg,
+    plan: Plan,
+    prepared_tokenizer,
+    log=print,
+    task: Task | None = None,
+) -> Plan:
+    """``plan`` (:func:`tba.plan.make_plan`'s for the run's config, whose ``model``, ``generation``
+    and ``task`` sections these are) ready for the builders: its models built (a built-in one on
+    first use) and checked (:func:`check_models`), and the ids that end a completion.
     ``prepared_tokenizer``: the tokenizer :func:`prepare_task` returned. What ``tba train`` does
     before it builds anything; a library user builds components from this plan. Given the prepared
     ``task``, its prompts are checked against the policy's context too (:func:`check_context`)."""
-    config = check_models(cfg, plan, log)
-    tokenizer = policy_tokenizer(cfg.model, plan, prepared_tokenizer)
+    config = check_models(m, g, task_cfg, plan, log)
+    tokenizer = policy_tokenizer(m, plan, prepared_tokenizer)
     if task is not None:
-        check_context(cfg.model, cfg.generation, cfg.task, task, tokenizer, config)
-    return plan_with_eos(cfg.model, plan, tokenizer)
+        check_context(m, g, task_cfg, task, tokenizer, config)
+    return plan_with_eos(m, plan, tokenizer)
 
 
 def plan_with_eos(m: ModelConfig, plan: Plan, tokenizer) -> Plan:

@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from tba.config import Config, ConfigError, build_config, with_values
+from tba.config import Config, ConfigError, ObjectiveConfig, TrainerConfig, build_config
 from tba.models.lora import is_lora, load_policy_state, policy_state, published_state
 from tba.models.precision import PeakMemory, Precision, cpu_rss_bytes
 from tba.objectives.needs import needs
@@ -120,12 +120,13 @@ class TrainerRank:
         precision = Precision(plan.precision, device.type)
         # on a GPU the full model is read into host memory and sharded onto the GPU layer by layer
         # (model.dtype=auto resolved for the GPU it ends on: a LoRA policy's frozen base stays bf16)
-        load_on, load_cfg = device, cfg
+        load_on, m = device, cfg.model
         if device.type == "cuda":
             load_on = torch.device("cpu")
-            load_cfg = with_values(cfg, {"model.dtype": plan.dtype})
-        model = shard_policy(load_trainer_policy(load_cfg, plan.policy, load_on, precision), precision, device)
-        self.trainer = make_trainer(cfg, plan, model, pad_id, eos_ids, precision)
+            m = m.model_copy(update={"dtype": plan.dtype})
+        policy = load_trainer_policy(m, cfg.trainer, plan.policy, load_on, precision)
+        model = shard_policy(policy, precision, device)
+        self.trainer = make_trainer(cfg.trainer, cfg.objective, cfg.generation, plan, model, pad_id, eos_ids, precision)
         self.peak = PeakMemory(device)
         return self.trainer.passes
 
@@ -230,18 +231,22 @@ class RankGroup:
 
     def __init__(
         self,
-        cfg: Config,
+        cfg_data: dict,
+        t: TrainerConfig,
+        o: ObjectiveConfig,
         plan: Plan,
         pad_id: int,
         eos_ids: set[int],
         log=print,
         initial: dict[str, torch.Tensor] | None = None,
     ):
-        """``initial``: weights to start from instead of what each rank loads (a LoRA adapter's
-        initialisation, so that the ranks start where the driver's copy does)."""
-        n = cfg.trainer.num_ranks
+        """``cfg_data``: the run's config as data, which each rank builds its part from; ``trainer``
+        and ``objective``: its sections that the split of a batch reads. ``initial``: weights to
+        start from instead of what each rank loads (a LoRA adapter's initialisation, so that the
+        ranks start where the driver's copy does)."""
+        n = t.num_ranks
         check_fsdp2()
-        self.size, self.cfg, self.closed = n, cfg, False
+        self.size, self.trainer_cfg, self.objective, self.closed = n, t, o, False
         gpu = plan.torch_device.type == "cuda"
         cpus = plan.rank_cpus
         bundle = {"GPU": 1, "CPU": cpus} if gpu else {"CPU": cpus}
@@ -260,14 +265,14 @@ class RankGroup:
                 f"120 s (free now: {free.get('CPU', 0):g} CPUs, {free.get('GPU', 0):g} GPUs); lower "
                 "trainer.num_ranks or runtime.rank_cpus"
             )
-        data, plan_data = cfg.model_dump(mode="json"), plan.to_dict()
+        plan_data = plan.to_dict()
         self.actors = [
             TrainerRank.options(
                 num_cpus=cpus,
                 num_gpus=1 if gpu else 0,
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r),
-            ).remote(data, plan_data, r, n)
+            ).remote(cfg_data, plan_data, r, n)
             for r in range(n)
         ]
         host, port = self._call("address", [()], ranks=[0])[0]
@@ -285,9 +290,9 @@ class RankGroup:
         else:
             sizes = [batch.group_size * (p + c) for p, c in group_lengths(batch)]
         parts = split_groups(sizes, self.size)
-        scales = loss_shares(batch, parts, needs(self.cfg.objective).pairs_only)
+        scales = loss_shares(batch, parts, needs(self.objective).pairs_only)
         # equal on every rank: each pass is a collective
-        passes = rank_passes(batch, parts, self.cfg.trainer, self.passes)
+        passes = rank_passes(batch, parts, self.trainer_cfg, self.passes)
         per_rank = self._call(
             "update", [(sub_batch(batch, p), version, s, passes) for p, s in zip(parts, scales, strict=True)]
         )

@@ -19,7 +19,7 @@ from tba.checkpoint import (
     restore_global_rng,
     save_checkpoint,
 )
-from tba.config import Config, dump_config
+from tba.config import Config, RunConfig, dump_config
 from tba.errors import RunDirError
 from tba.machine import describe_machine, machine_line
 from tba.metrics import check_backends, read_metrics
@@ -33,13 +33,14 @@ created_run_dirs: list[Path] = []
 can remove its own directory (:func:`remove_unstarted`) and leave the name free."""
 
 
-def check_run_dir(cfg: Config) -> Path:
-    """The run directory, checked without creating anything: a new run needs a free name and a
-    writable ``run.output_dir``; a resume needs a checkpoint. Raises :class:`RunDirError`."""
+def check_run_dir(run: RunConfig, task_name: str) -> Path:
+    """The run directory of ``run`` settings (``run.name``, else the task's name and the time),
+    checked without creating anything: a new run needs a free name and a writable
+    ``run.output_dir``; a resume needs a checkpoint. Raises :class:`RunDirError`."""
 
-    name = cfg.run.name or f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.run.output_dir).expanduser() / name
-    if cfg.run.resume:
+    name = run.name or f"{task_name}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(run.output_dir).expanduser() / name
+    if run.resume:
         if not run_dir.is_dir():
             raise RunDirError(
                 f"run.resume=true but {run_dir} does not exist; check run.output_dir and run.name, "
@@ -67,9 +68,8 @@ def check_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path | None = None) -> Path:
-    """Create (or reopen, on resume) the run directory that :func:`check_run_dir` approves."""
-    run_dir = run_dir or check_run_dir(cfg)
+def prepare_run_dir(run_dir: Path) -> Path:
+    """Create (or reopen, on resume) the run directory that :func:`check_run_dir` approved."""
     fresh = not run_dir.exists()
     try:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -133,12 +133,12 @@ def open_run(cfg: Config, console: Console, plan: Plan) -> tuple[Config, Path, t
     says what to fix."""
 
     log = lambda msg: console.print(msg, highlight=False)  # noqa: E731
-    run_dir = check_run_dir(cfg)
+    run_dir = check_run_dir(cfg.run, cfg.task.name)
     check_backends(cfg.logging)
-    prepared = prepare_task(cfg, log)
-    plan = ready_plan(cfg, plan, prepared[1], log, task=prepared[0])
+    prepared = prepare_task(cfg.model, cfg.task, cfg.objective, cfg.eval.samples, log)
+    plan = ready_plan(cfg.model, cfg.generation, cfg.task, plan, prepared[1], log, task=prepared[0])
     seed_everything(cfg.run.seed)
-    run_dir = prepare_run_dir(cfg, run_dir)
+    run_dir = prepare_run_dir(run_dir)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     (run_dir / "environment.json").write_text(json.dumps(describe_machine(), indent=2) + "\n")
     console.print(f"run directory: {run_dir}", highlight=False)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+from tba.config import BufferConfig, GenerationConfig, LoggingConfig, TrainerConfig
 from tba.console import RunDisplay
 from tba.metrics import MetricsLogger
 from tba.runtime.fill import Fill
@@ -24,9 +26,19 @@ from tba.runtime.observers import (
 from tba.runtime.report import eval_key
 
 
+class LoopSections(NamedTuple):
+    """The config sections a run's steps read (the rest is the plan's)."""
+
+    trainer: TrainerConfig
+    buffer: BufferConfig
+    generation: GenerationConfig
+    logging: LoggingConfig
+    eval_every: int  # ``eval.every``
+
+
 def train_steps(
     c,
-    cfg,
+    sections: LoopSections,
     run_dir: Path,
     metrics: MetricsLogger,
     initial: dict,
@@ -38,32 +50,32 @@ def train_steps(
     """Fill the buffer and train ``c.trainer`` to ``trainer.steps``; ``initial``: the evaluation at
     step 0 (empty on a resume, or when the evaluation actor reports it later); ``say``: what the run
     must tell even when quiet. Returns the loop's figures for ``summary.json``."""
-    t, plan = cfg.trainer, c.plan
+    t, b, g, plan = sections.trainer, sections.buffer, sections.generation, c.plan
     fill = None
-    if not cfg.buffer.fresh_only:  # (fresh_only: each step's own groups, no buffer to fill)
+    if not b.fresh_only:  # (fresh_only: each step's own groups, no buffer to fill)
         fill = Fill(
             c.buffer,
             t.batch_prompts,
             plan.min_groups,
-            cfg.generation.prompts_per_batch,
-            cfg.buffer.fill_patience,
+            g.prompts_per_batch,
+            b.fill_patience,
             say,
-            cfg.buffer.min_completions,
+            b.min_completions,
         )
     key = eval_key(c)
-    clock = StepClock(t.batch_prompts * cfg.generation.group_size, c.trainer.device)
+    clock = StepClock(t.batch_prompts * g.group_size, c.trainer.device)
     watches = Watches(FallWatch.start(key, initial, run_dir, remedy(plan.objective, plan.trust_region)), slowdown, say)
-    with RunDisplay.from_config(cfg.logging, t.steps, key) as display:
+    with RunDisplay.from_config(sections.logging, t.steps, key) as display:
         display.update(c.trainer.version, initial)
         if background is None:
-            evaluation, finished = InlineEvaluation(c, run_dir, metrics, cfg.eval.every, t.steps), None
+            evaluation, finished = InlineEvaluation(c, run_dir, metrics, sections.eval_every, t.steps), None
         else:
             evaluation, finished = background, FinishedEvaluations(background, run_dir, metrics, watches)
         before = background.before_checkpoint if background is not None else None
         observers = [
             evaluation,
             watches,
-            MetricsLog(metrics, cfg.logging.every, key, clock),
+            MetricsLog(metrics, sections.logging.every, key, clock),
             Checkpoints(c, run_dir, t.checkpoint_every, t.steps, before),
             *([finished] if finished is not None else []),
             Display(display, source, finished),

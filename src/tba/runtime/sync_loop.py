@@ -27,33 +27,26 @@ from tba.runtime.health import SlowdownWatch
 from tba.runtime.report import evaluate_policy, finish, say_event
 from tba.runtime.run_dir import open_run, resume
 from tba.runtime.sources import LocalSource
-from tba.runtime.steps import train_steps
+from tba.runtime.steps import LoopSections, train_steps
 
 
-def run_sync(cfg: Config, console: Console | None = None) -> tuple[Path, dict]:
-    """Train ``cfg`` in the sync runtime (``runtime.type`` ``sync``, or ``auto`` deciding so)."""
-    return train_sync(*plan_run(absolute_paths(cfg), "sync"), console)
-
-
-def train_sync(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
-    """Train with ``cfg`` and its ``plan`` (:func:`tba.plan.plan_run`) in the sync runtime."""
-    if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
-        with ray_session(cfg.runtime, plan):
-            return _run(cfg, plan, console)
-    return _run(cfg, plan, console)
-
-
-def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path, dict]:
+def run_sync(cfg: Config, console: Console | None = None, plan: Plan | None = None) -> tuple[Path, dict]:
+    """Train ``cfg`` in the sync runtime (``runtime.type`` ``sync``, or ``auto`` deciding so); with
+    ``plan``, ``cfg`` is the config :func:`tba.plan.plan_run` returned with it (``tba train``)."""
+    if plan is None:
+        cfg, plan = plan_run(absolute_paths(cfg), "sync")
     console = console or Console(stderr=True)
     start = time.time()
     if plan.trainer_threads:
         torch.set_num_threads(plan.trainer_threads)
     chatter = Console(quiet=True) if cfg.logging.quiet else console  # quiet: only errors and the summary
-    cfg, run_dir, prepared, plan = open_run(cfg, chatter, plan)
-    log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
-    say = lambda m: say_event(run_dir, lambda m: console.print(m, highlight=False, markup=False), m)  # noqa: E731
-    c = build_components(cfg, plan, log, prepared=prepared)
     with ExitStack() as closing:
+        if cfg.trainer.num_ranks > 1:  # generation here, training on ranks that Ray starts
+            closing.enter_context(ray_session(cfg.runtime, plan))
+        cfg, run_dir, prepared, plan = open_run(cfg, chatter, plan)
+        log = lambda msg: chatter.print(msg, highlight=False)  # noqa: E731
+        say = lambda m: say_event(run_dir, lambda m: console.print(m, highlight=False, markup=False), m)  # noqa: E731
+        c = build_components(cfg, plan, log, prepared=prepared)
         closing.callback(c.close)
         resumed = cfg.run.resume and resume(c, run_dir, log)
         metrics = MetricsLogger(run_dir, cfg.logging, cfg.model_dump(mode="json", by_alias=True), start_time=start)
@@ -63,7 +56,9 @@ def _run(cfg: Config, plan: Plan, console: Console | None = None) -> tuple[Path,
             c.trainer.publish()  # the searcher starts from the trainer's weights
             initial = evaluate_policy(c, run_dir, 0, metrics)
             metrics.log(0, initial)
-        source = LocalSource(c, run_dir, cfg.buffer.fresh_only, cfg.generation.group_size, cfg.run.seed)
+        g = cfg.generation
+        source = LocalSource(c, run_dir, cfg.buffer.fresh_only, g.group_size, cfg.run.seed)
         slowdown = SlowdownWatch(c.plan.hardware, c.plan.trainer_threads, busy_cores)
-        extra = train_steps(c, cfg, run_dir, metrics, initial, source, slowdown, say)
+        sections = LoopSections(cfg.trainer, cfg.buffer, g, cfg.logging, cfg.eval.every)
+        extra = train_steps(c, sections, run_dir, metrics, initial, source, slowdown, say)
     return run_dir, finish(console, run_dir, c, start, extra)
