@@ -154,6 +154,15 @@ class Passes:
     packed: bool = False
     width: int | str | None = None
 
+    def describe(self) -> str:
+        """The choice in words, for the run's start lines (the row width that ``auto`` resolves to
+        is known only once the model has loaded: it follows its attention kernel)."""
+        if not self.packed:
+            return "padded"
+        if self.width is None:
+            return "packed, one row a pass"
+        return f"packed, rows of {'the longest sequence' if self.width == LONGEST else f'{self.width} positions'}"
+
     def packs(self, prompt_lens: list[int], completion_lens: list[int]) -> bool:
         """Whether a pass over sequences of these lengths packs."""
         return self.packed and worth_packing(prompt_lens, completion_lens, self.width)

@@ -261,6 +261,8 @@ def build_components(
         publish_dtype=None if m.lora is not None else plan.torch_dtype,
         ranks=ranks,
     )
+    attention = getattr(getattr(policy, "config", None), "_attn_implementation", None)
+    log(f"trainer passes: {trainer.passes.describe()} ({attention} attention)")
     searcher = None
     if with_searcher:
         # The searcher samples from its own copy of the policy, refreshed only when the trainer

@@ -191,14 +191,7 @@ class TrainerRank:
         optimizer = get_optimizer_state_dict(t.model, t.optimizer, options=options) if t.optimizer.state else {}
         if self.rank != 0:
             return None
-        return {
-            "num_ranks": self.world,
-            "stepped": bool(optimizer),
-            "skipped_steps": t.skipped_steps,
-            "oversize_groups": t.oversize_groups,
-            "optimizer": optimizer,
-            "scheduler": t.scheduler.state_dict(),
-        }
+        return {"num_ranks": self.world, "stepped": bool(optimizer), **t.step_state(optimizer)}
 
     def load_state_dict(self, policy: dict | None, state: dict | None) -> None:
         """Weights (``policy``: :func:`tba.models.lora.policy_state` of the driver's copy, given to rank
@@ -212,11 +205,10 @@ class TrainerRank:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
         if state.get("stepped", True):  # (as in state_dict: loading no state would count a step)
             set_optimizer_state_dict(t.model, t.optimizer, state.get("optimizer", {}), options=options)
-        t.skipped_steps, t.oversize_groups = state["skipped_steps"], state.get("oversize_groups", 0)
-        t.scheduler.load_state_dict(state["scheduler"])
+        t.load_step_state(state, optimizer=False)
         t.version = state["version"]
 
-    def skip(self) -> int:
+    def skip(self) -> dict[str, float]:
         """A step with nothing to train on: the schedule advances (see ``Trainer.skip``)."""
         return self.trainer.skip_update()
 
@@ -328,8 +320,8 @@ class RankGroup:
         self._call("load_state_dict", [(policy_state(model), state)] + [(None, light)] * (self.size - 1))
 
     def skip(self) -> dict[str, float]:
-        """Every rank skips a step (``Trainer.skip``); the steps skipped so far."""
-        return {"train/skipped_steps": float(self._call("skip", [()] * self.size)[0])}
+        """Every rank skips a step (``Trainer.skip``): the steps skipped so far and the learning rate."""
+        return self._call("skip", [()] * self.size)[0]
 
     def memory(self) -> list[dict[str, float]]:
         return self._call("memory", [()] * self.size)

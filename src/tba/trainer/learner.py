@@ -172,12 +172,12 @@ class Learner:
         self.version += 1
         return metrics
 
-    def skip_update(self) -> int:
-        """No optimizer step, one schedule step (the learning rate follows the version); returns
-        the steps skipped so far."""
+    def skip_update(self) -> dict[str, float]:
+        """No optimizer step, one schedule step (the learning rate follows the version): the steps
+        skipped so far and the learning rate."""
         self.skipped_steps += 1
         self._schedule_step()
-        return self.skipped_steps
+        return {"train/skipped_steps": float(self.skipped_steps), "train/lr": self.optimizer.param_groups[0]["lr"]}
 
     def _schedule_step(self) -> None:
         """One step of the learning-rate schedule, after the optimizer's or in place of it."""
@@ -331,6 +331,25 @@ class Learner:
                 stacklevel=4,
             )
         self.oversize_groups += len(over)
+
+    def step_state(self, optimizer: dict | None = None) -> dict:
+        """This process's optimizer steps: the counters, the schedule and the optimizer's state
+        (``optimizer``: that state in another form, a rank's gathered by parameter name)."""
+        return {
+            "skipped_steps": self.skipped_steps,
+            "oversize_groups": self.oversize_groups,
+            "optimizer": self.optimizer.state_dict() if optimizer is None else optimizer,
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_step_state(self, state: dict, optimizer: bool = True) -> None:
+        """Restore :meth:`step_state`; ``optimizer=False`` leaves the optimizer's state to the
+        caller (a rank sets its shard from the gathered state)."""
+        self.skipped_steps = state["skipped_steps"]
+        self.oversize_groups = state.get("oversize_groups", 0)  # absent from checkpoints before it existed
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
 
     def state_dict(self) -> dict:
         return {"version": self.version, "empty_steps": self.empty_steps, **self.updates.state_dict()}

@@ -58,15 +58,15 @@ class LocalUpdates:
     size = 1
 
     def __init__(self, trainer):
-        """``trainer``: the :class:`~tba.trainer.learner.Learner` whose model and optimizer these are."""
+        """``trainer``: the :class:`~tba.trainer.learner.Learner` whose model and optimizer these
+        are; it keeps their state, and this asks it through its methods."""
         self.trainer = trainer
 
     def update(self, batch: Batch, version: int) -> dict[str, float]:
         return self.trainer.update(batch)
 
     def skip(self) -> dict[str, float]:
-        t = self.trainer
-        return {"train/skipped_steps": float(t.skip_update()), "train/lr": t.optimizer.param_groups[0]["lr"]}
+        return self.trainer.skip_update()
 
     def published_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
         return cast_floats(published_state(self.trainer.model), dtype)
@@ -88,20 +88,10 @@ class LocalUpdates:
         """Nothing: the trainer's model is the policy itself."""
 
     def state_dict(self) -> dict:
-        t = self.trainer
-        return {
-            "skipped_steps": t.skipped_steps,
-            "oversize_groups": t.oversize_groups,
-            "optimizer": t.optimizer.state_dict(),
-            "scheduler": t.scheduler.state_dict(),
-        }
+        return self.trainer.step_state()
 
     def load_state_dict(self, model: torch.nn.Module, state: dict) -> None:
-        t = self.trainer
-        t.skipped_steps = state["skipped_steps"]
-        t.oversize_groups = state.get("oversize_groups", 0)  # absent from checkpoints before it existed
-        t.optimizer.load_state_dict(state["optimizer"])
-        t.scheduler.load_state_dict(state["scheduler"])
+        self.trainer.load_step_state(state)
 
     def close(self) -> None:
         """Nothing to stop."""
