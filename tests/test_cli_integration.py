@@ -65,6 +65,11 @@ def test_cli_trains_and_reward_goes_up(demo_run):
     for key in ("eval/accuracy_initial", "eval/accuracy_final", "wall_clock_s", "trainer_steps"):
         assert key in summary
     assert summary["trainer_steps"] == 120
+    # its pace: steps 2-13 predict the rest (tba.runtime.pace), held to steps 14-120
+    assert summary["predicted"]["from_steps"] == [2, 13] and summary["measured"]["steps"] == 107
+    assert summary["error"] == pytest.approx(summary["measured"]["step_s"] / summary["predicted"]["step_s"] - 1)
+    assert set(summary["alternatives"]) == {"sync", "ray_1", "ray_2", "ray_4"}
+    assert "pace: steps 2-13 predict" in proc.stderr and "predicted from steps 2-13" in proc.stderr
     records = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in records if r.get("train/loss") is not None]
     assert [r["step"] for r in train] == list(range(1, 121))

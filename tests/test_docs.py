@@ -81,7 +81,9 @@ EIGHT_GPUS = Hardware(cpus=64, gpus=8, bf16=True)
 def train_config(argv: list[str]) -> tuple[str | None, Config]:
     """The config file a shown ``tba train`` names (None: the defaults, or a file of the reader's own,
     whose keys the YAML test checks) and the config it builds."""
-    shown = [a for a in argv if a not in ("--debug", "--print-plan") and not a.startswith("--hardware=")]
+    shown = [
+        a for a in argv if a not in ("--debug", "--print-plan") and not a.startswith(("--hardware=", "--parts-from="))
+    ]
     config, overrides, _ = split_train_args(shown)
     if config is not None and not (ROOT / config).is_file():
         config = None
@@ -125,6 +127,8 @@ def test_print_config_and_print_plan_shown_print_the_config_and_the_plan(capsys,
     monkeypatch.chdir(ROOT)
     shown = [argv for _, argv in train_commands() if {"--print-config", "--print-plan"} & set(argv)]
     runnable = [argv for argv in shown if argv[0].startswith("-") or (ROOT / argv[0]).is_file()]  # not my_run.yaml
+    # (a finished run's parts: tests/test_pace.py runs --parts-from on a run folder it writes)
+    runnable = [argv for argv in runnable if not any(a.startswith("--parts-from=") for a in argv)]
     assert {"--print-config", "--print-plan"} <= {a for argv in runnable for a in argv}
     for argv in runnable:
         config, cfg = train_config(argv)

@@ -92,6 +92,9 @@ def check_run(run_dir, metric: str, steps: int = 4) -> list[dict]:
     assert all({"prompt", "completion", "score", "answer"} <= set(s) for s in samples)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary[f"{metric}_final"] == evals[-1][metric]
+    # too short to hold steps out: no prediction, the parts of every step but the first (tba.runtime.pace)
+    assert summary["predicted"] is None and summary["measured"]["steps"] == steps - 1
+    assert summary["measured"]["parts"]["train_s"] > 0 and summary["alternatives"]["sync"]["step_s"] > 0
     return train
 
 

@@ -20,7 +20,8 @@ from tba.config import ConfigError, absolute_paths, dump_config, load_config
 from tba.errors import Terminated, UserError, interrupt_on_sigterm, report, sigterm_received
 from tba.runtime.errors import RunFailed
 
-USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--print-plan [--hardware=SPEC]] [--debug]
+USAGE = """tba train [CONFIG.yaml] [--section.key=value ...] [--print-config] [--print-plan [--hardware=SPEC]]
+                 [--parts-from=RUN] [--debug]
 
 Without a config file, trains the built-in demo: a tiny model learning integer arithmetic.
 Examples:
@@ -49,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SPEC",
         help="with --print-plan: plan for a described machine instead (8xh100, 2x8xh100 for two nodes, cpu:16)",
     )
+    train.add_argument(
+        "--parts-from",
+        metavar="RUN",
+        help="predict this run's pace (and the other layouts') from the parts a finished run measured (its folder)",
+    )
     train.add_argument("--debug", action="store_true", help="show the traceback of a bad-input error too")
     sub.add_parser("eval", help="evaluate a run, a checkpoint or a model on its task (tba eval -h)", add_help=False)
     sub.add_parser("plot", help="plot and compare runs (tba plot -h)", add_help=False)
@@ -70,14 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)  # usage, --version, --help and unknown commands
         return 2
     debug, print_plan = "--debug" in argv[1:], "--print-plan" in argv[1:]
-    if "--hardware" in argv[:-1]:  # the space-separated form
-        i = argv.index("--hardware")
-        argv[i : i + 2] = [f"--hardware={argv[i + 1]}"]
+    for flag in ("--hardware", "--parts-from"):
+        if flag in argv[:-1]:  # the space-separated form
+            i = argv.index(flag)
+            argv[i : i + 2] = [f"{flag}={argv[i + 1]}"]
     machines = [a for a in argv[1:] if a.startswith("--hardware=")]
+    measured = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--parts-from=")]
     try:
         if machines and not print_plan:
             raise ConfigError("--hardware describes a machine for --print-plan; add --print-plan (or drop it)")
-        rest = [a for a in argv[1:] if a != "--debug" and a not in machines]
+        rest = [a for a in argv[1:] if a != "--debug" and a not in machines and not a.startswith("--parts-from=")]
         config_path, overrides, print_config = split_train_args(rest)
         cfg = load_config(config_path, overrides)
     except ConfigError as err:
@@ -91,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             hardware = described(machines[-1].split("=", 1)[1]) if machines else None
-            print("\n".join(plan_run(absolute_paths(cfg), hardware=hardware)[1].lines()))
-        except ConfigError as err:
+            planned, plan = plan_run(absolute_paths(cfg), hardware=hardware)
+            print("\n".join(plan.lines()))
+            if measured:
+                print("\n".join(pace_lines(planned, plan, measured[-1])))
+        except (ConfigError, UserError) as err:
             return report(err, debug)
         return 0
     # the ray runtime's driver runs under jemalloc: a process of its own, started before the heavy
@@ -107,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         return report(err, debug)
     if entry_point and plan.runtime == "ray" and (failed := under_jemalloc(argv, debug)) is not None:
         return failed
+    if measured:
+        try:
+            print("\n".join(pace_lines(cfg, plan, measured[-1])), file=sys.stderr)
+        except UserError as err:
+            return report(err, debug)
     if plan.runtime == "ray":  # imports torch and ray: only once the config is valid
         from tba.runtime.async_loop import run_ray as train
     else:
@@ -131,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         if old_sigterm is not None:
             signal.signal(signal.SIGTERM, old_sigterm)
     return 0
+
+
+def pace_lines(cfg, plan, run_dir: str) -> list[str]:
+    """What the parts measured by the run in ``run_dir`` predict for this run's layout and the others."""
+    from tba.runtime.pace import foreseen, parts_of_run, run_layout
+
+    parts, source, note = parts_of_run(run_dir)
+    return foreseen(parts, run_layout(cfg.trainer, cfg.generation, plan, cfg.runtime.num_searchers), source, note)
 
 
 def under_jemalloc(argv: list[str], debug: bool) -> int | None:

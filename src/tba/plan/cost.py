@@ -10,7 +10,8 @@ are measured per setting (``benchmarks/bench_parts.py``) and passed in directly.
 
 What the composition assumes, in one place:
 
-- **sync**: a step generates the batch, trains on it and loads the new weights in process, in turn.
+- **sync**: a step generates one searcher batch (``generation.prompts_per_batch`` prompts), trains
+  on a batch from the buffer and loads the new weights in process, in turn.
 - **ray**: the trainer steps when a step's data is there; with ``trainer.max_replay_ratio`` at 1 the
   searchers' data bounds it: step = max(trainer step, a step's completions / the searchers' rate).
   A searcher's batch starts with a load of new weights when a publication came since its last one.
@@ -105,9 +106,8 @@ def predict(p: StepParts, layout: Layout, shared_gpu: dict | None = None) -> Pre
     """The step of ``layout`` with the seconds of ``p``; ``shared_gpu`` (default: the parts file's)
     gives how much a searcher and the trainer slow each other on one GPU."""
     c_step, c_batch, k = layout.completions_per_step, layout.completions_per_batch, layout.sync_interval
-    batches_per_step = c_step / c_batch
-    if layout.runtime == "sync":
-        generate = p.generate_s * batches_per_step
+    if layout.runtime == "sync":  # one batch a step, whatever the trainer's batch draws from the buffer
+        generate = p.generate_s
         step = generate + p.train_s + p.overhead_s + (p.publish_s + p.load_s) / k
         info = {"generate_s": generate, "train_s": p.train_s, "load_s": p.load_s / k}
         return Prediction(step, 1.0, (k - 1) / 2, "turns", info)

@@ -132,7 +132,7 @@ def run_ray(cfg: Config, console: Console | None = None, plan: Plan | None = Non
         log(f"{r.num_searchers} searcher(s) started; trainer on {torch.get_num_threads()} thread(s), {memory}")
         here = local_threads(cfg, plan.trainer_threads, plan.searcher_threads, plan.rank_threads)
         slowdown = SlowdownWatch(plan.hardware, sum(n for _, n in here), busy_cores, side_by_side=True)
-        sections = LoopSections(cfg.trainer, cfg.buffer, cfg.generation, cfg.logging, cfg.eval.every)
+        sections = LoopSections(cfg.trainer, cfg.buffer, cfg.generation, cfg.logging, cfg.eval.every, r.num_searchers)
         extra = _train(c, sections, run_dir, metrics, initial, inbox, pool, background, startup, slowdown, log, say)
         c.trainer.flush_publication()  # the last publication lands while its searchers still listen
     return run_dir, finish(console, run_dir, c, start, extra)
@@ -214,4 +214,4 @@ def _train(
     evaluations = None
     if background is not None:
         evaluations = BackgroundEvaluations(background, lambda: published_weights(c), sections.eval_every, t.steps)
-    return train_steps(c, sections, run_dir, metrics, initial, source, slowdown, say, evaluations)
+    return train_steps(c, sections, run_dir, metrics, initial, source, slowdown, say, evaluations, log)

@@ -17,6 +17,7 @@ from tba.metrics import MetricsLogger, read_metrics
 from tba.models.precision import compute_as
 from tba.plots import plot_run
 from tba.runtime.components import Components, policy_evaluator
+from tba.runtime.pace import pace_line
 from tba.tasks.redteam import DEFAULT_EVAL_ATTACKS
 from tba.types import LoggedError
 
@@ -166,6 +167,9 @@ def print_summary(console: Console, s: dict, eval_samples: int = 1, run_dir: Pat
     ]
     title = f"{s['task']}, {s['runtime']} runtime: {s['trainer_steps']} steps in {s['wall_clock_s']:.0f} s"
     console.print(summary_table(rows, title))
+    pace = pace_line(s, s["runtime"])
+    if pace:
+        console.print(pace, highlight=False, markup=False)
     if run_dir is not None:
         print_samples(console, run_dir)
         if (run_dir / "errors.log").is_file():

@@ -23,6 +23,7 @@ from tba.runtime.observers import (
     MetricsLog,
     Watches,
 )
+from tba.runtime.pace import PaceMeter, run_layout
 from tba.runtime.report import eval_key
 
 
@@ -34,6 +35,7 @@ class LoopSections(NamedTuple):
     generation: GenerationConfig
     logging: LoggingConfig
     eval_every: int  # ``eval.every``
+    searchers: int = 1  # ``runtime.num_searchers`` resolved (the ray runtime's searchers)
 
 
 def train_steps(
@@ -46,10 +48,12 @@ def train_steps(
     slowdown: SlowdownWatch,
     say: Callable[[str], None],
     background: BackgroundEvaluations | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict:
     """Fill the buffer and train ``c.trainer`` to ``trainer.steps``; ``initial``: the evaluation at
     step 0 (empty on a resume, or when the evaluation actor reports it later); ``say``: what the run
-    must tell even when quiet. Returns the loop's figures for ``summary.json``."""
+    must tell even when quiet; ``log``: its progress lines (the pace predicted from its first steps).
+    Returns the loop's figures for ``summary.json``, its pace among them (:mod:`tba.runtime.pace`)."""
     t, b, g, plan = sections.trainer, sections.buffer, sections.generation, c.plan
     fill = None
     if not b.fresh_only:  # (fresh_only: each step's own groups, no buffer to fill)
@@ -72,7 +76,9 @@ def train_steps(
         else:
             evaluation, finished = background, FinishedEvaluations(background, run_dir, metrics, watches)
         before = background.before_checkpoint if background is not None else None
+        pace = PaceMeter(run_layout(t, g, plan, sections.searchers), clock, t.steps, c.trainer.version, log)
         observers = [
+            pace,
             evaluation,
             watches,
             MetricsLog(metrics, sections.logging.every, key, clock),
@@ -80,4 +86,4 @@ def train_steps(
             *([finished] if finished is not None else []),
             Display(display, source, finished),
         ]
-        return train_loop(c.trainer, source, fill, observers, t.steps, clock)
+        return {**train_loop(c.trainer, source, fill, observers, t.steps, clock), **pace.summary()}

@@ -60,5 +60,5 @@ def run_sync(cfg: Config, console: Console | None = None, plan: Plan | None = No
         source = LocalSource(c, run_dir, cfg.buffer.fresh_only, g.group_size, cfg.run.seed)
         slowdown = SlowdownWatch(c.plan.hardware, c.plan.trainer_threads, busy_cores)
         sections = LoopSections(cfg.trainer, cfg.buffer, g, cfg.logging, cfg.eval.every)
-        extra = train_steps(c, sections, run_dir, metrics, initial, source, slowdown, say)
+        extra = train_steps(c, sections, run_dir, metrics, initial, source, slowdown, say, log=log)
     return run_dir, finish(console, run_dir, c, start, extra)

@@ -1,0 +1,268 @@
+"""The cost model held to every run: the run measures its parts as it trains, predicts its own pace
+from its first steps, and says at the end how far the rest of the run was from that prediction and
+what its parts predict for the other layouts.
+
+The parts (:class:`tba.plan.cost.StepParts`) come from each step's record and the loop's
+:class:`~tba.runtime.loop.StepClock`:
+
+- ``train_s``: the trainer's optimizer step (``train/step_s``);
+- ``publish_s``: a publication's seconds on the trainer's path (``train/publish_s``), per publication;
+- ``load_s``: a searcher's load of one publication (``weights/load_s``, the slowest searcher's latest);
+- ``generate_s``: a searcher's batch as the searcher's own calls measure it, a load left out (the
+  sync runtime: ``searcher/generate_s`` each step; the ray runtime: the searchers' completions a
+  second, ``searcher/completions_per_s``, over a batch's completions and their number);
+- ``overhead_s``: the rest of a step's active time (draining the inbox, the buffer, the ledger):
+  the step less the wait for data (ray) or the generation (sync), the optimizer and the publication.
+
+Evaluation and checkpoint pauses are the observers' time (``pause_s`` a step), kept apart from the
+step, as the step clock keeps them out of the trainer's busy fraction.
+
+The first step is left out of both windows (its allocations and first calls are not the run's
+pace). The next :func:`early_steps` steps measure the parts that predict the rest of the run; that
+prediction is printed when they are done and held to the steps after them, which it never saw.
+At the end the whole run's parts (the first step left out) predict the sync runtime and the ray
+runtime with 1, 2 and 4 searchers, on the devices this run had: on a machine where searchers would
+share the trainer's cores, those of the ray runtime assume cores of their own (the model has no
+term yet for processes sharing cores).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tba.config import GenerationConfig, TrainerConfig
+from tba.errors import UserError
+from tba.plan.cost import Layout, Prediction, StepParts, predict
+
+ALTERNATIVE_SEARCHERS = (1, 2, 4)
+
+
+def early_steps(steps: int) -> int:
+    """Steps whose parts predict the rest: a tenth of the run, 5 to 50; 0 (no held-out
+    prediction) when the run leaves fewer than as many steps after them."""
+    n = min(50, max(5, steps // 10))
+    return n if steps - 1 >= 2 * n else 0
+
+
+@dataclass
+class Window:
+    """Sums over a window of steps."""
+
+    steps: int = 0
+    active_s: float = 0.0  # the loop's time, the observers' pauses left out
+    paused_s: float = 0.0
+    wait_s: float = 0.0
+    generate_s: float = 0.0  # the sync runtime's generation on the loop's path
+    train_s: float = 0.0
+    publish_s: float = 0.0
+    publications: int = 0
+    load_s: float = 0.0
+    lag: float = 0.0
+    lag_steps: int = 0
+    rate: float | None = None  # searcher/completions_per_s, its latest (a run-long rate)
+
+    def add(self, record: dict, active_s: float, paused_s: float, published: bool) -> None:
+        self.steps += 1
+        self.active_s += active_s
+        self.paused_s += paused_s
+        self.wait_s += record.get("trainer/wait_s", 0.0)
+        self.generate_s += record.get("searcher/generate_s", 0.0)
+        self.train_s += record.get("train/step_s", 0.0)
+        self.publish_s += record.get("train/publish_s", 0.0)
+        self.publications += published
+        self.load_s += record.get("weights/load_s", 0.0)
+        if record.get("train/lag_fresh") is not None:  # new data's, as the model predicts it (not replay's)
+            self.lag += record["train/lag_fresh"]
+            self.lag_steps += 1
+        self.rate = record.get("searcher/completions_per_s", self.rate)
+
+    def parts(self, layout: Layout) -> StepParts:
+        n = max(self.steps, 1)
+        k = layout.sync_interval
+        load = self.load_s / n
+        publish = self.publish_s / max(self.publications, 1)
+        train = self.train_s / n
+        if layout.runtime == "sync":  # a batch a step, its load (every k steps) inside it
+            generate = self.generate_s / n - load / k
+            overhead = (self.active_s - self.generate_s - self.train_s - self.publish_s) / n
+        else:  # each searcher's batch: the searchers' rate over a batch's completions
+            batch = layout.searchers * layout.completions_per_batch / self.rate if self.rate else 0.0
+            step = self.active_s / n
+            generate = batch - load * min(1.0, batch / (k * step)) if step else batch
+            overhead = (self.active_s - self.wait_s - self.train_s - self.publish_s) / n
+        return StepParts(max(generate, 0.0), train, load, publish, max(overhead, 0.0))
+
+    def measured(self) -> dict:
+        n = max(self.steps, 1)
+        return {
+            "step_s": self.active_s / n,
+            "trainer_busy": 1.0 - self.wait_s / self.active_s if self.active_s else None,
+            "lag_mean": self.lag / self.lag_steps if self.lag_steps else None,
+            "pause_s": self.paused_s / n,
+            "steps": self.steps,
+        }
+
+
+def run_layout(t: TrainerConfig, g: GenerationConfig, plan, searchers: int) -> Layout:
+    """A run's layout as the cost model (:mod:`tba.plan.cost`) sees it; ``searchers``:
+    ``runtime.num_searchers`` resolved (the sync runtime has one)."""
+    return Layout(
+        plan.runtime,
+        t.batch_prompts * g.group_size,
+        g.prompts_per_batch * plan.samples_per_prompt,
+        searchers if plan.runtime == "ray" else 1,
+        t.num_ranks,
+        plan.shares_gpu,
+        t.sync_interval,
+        plan.lag_bound,
+    )
+
+
+def alternatives(parts: StepParts, layout: Layout) -> dict[str, Prediction]:
+    """What ``parts`` predict for the sync runtime and the ray runtime with 1, 2 and 4 searchers."""
+    out = {"sync": predict(parts, _with(layout, "sync", 1))}
+    for s in ALTERNATIVE_SEARCHERS:
+        out[f"ray_{s}"] = predict(parts, _with(layout, "ray", s))
+    return out
+
+
+def _with(layout: Layout, runtime: str, searchers: int) -> Layout:
+    return Layout(
+        runtime,
+        layout.completions_per_step,
+        layout.completions_per_batch,
+        searchers,
+        layout.ranks,
+        layout.shared and runtime == "ray",
+        layout.sync_interval,
+        layout.lag_bound if runtime == "ray" else None,
+    )
+
+
+def _name(key: str) -> str:
+    return "the sync runtime" if key == "sync" else f"ray with {key.split('_')[1]} searcher(s)"
+
+
+@dataclass
+class PaceMeter:
+    """An observer of the loop's steps (the first, before the observers that pause it): the parts of
+    the early window and of the whole run, the prediction, and the ``predicted`` / ``measured`` /
+    ``alternatives`` sections of ``summary.json`` (:meth:`summary`)."""
+
+    layout: Layout
+    clock: object  # the loop's StepClock: active_s(), paused_s
+    steps: int  # the run's last step
+    first: int = 0  # the version the loop started from (a resumed run's)
+    log: Callable[[str], None] = print
+    early: int = field(init=False)
+    window: Window = field(default_factory=Window)  # the early window, then the held-out one
+    whole: Window = field(default_factory=Window)
+    prediction: Prediction | None = None
+    predicted_from: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        self.early = early_steps(self.steps - self.first)
+        self._active = self._paused = None
+
+    def after_step(self, step: int, record: dict) -> None:
+        active, paused = self.clock.active_s(), self.clock.paused_s
+        if self._active is None or step == self.first + 1:  # the first step: the clock starts after it
+            self._active, self._paused = active, paused
+            return
+        d_active, d_paused = active - self._active, paused - self._paused
+        self._active, self._paused = active, paused
+        published = step % self.layout.sync_interval == 0
+        self.window.add(record, d_active, d_paused, published)
+        self.whole.add(record, d_active, d_paused, published)
+        if self.early and self.prediction is None and self.window.steps == self.early:
+            self.prediction = predict(self.window.parts(self.layout), self.layout)
+            self.predicted_from = (step - self.early + 1, step)
+            self.window = Window()
+            self.log(f"pace: steps {self.predicted_from[0]}-{step} predict {self.prediction.describe()} for the rest")
+
+    def summary(self) -> dict:
+        """``predicted`` (from the early window; None when the run was too short to hold steps out),
+        ``measured`` (over the steps after it, with the whole run's parts), ``error`` (measured over
+        predicted seconds a step, less 1) and ``alternatives``."""
+        if not self.whole.steps:
+            return {}
+        parts = self.whole.parts(self.layout)
+        held_out = self.prediction is not None and self.window.steps > 0
+        measured = {**(self.window if held_out else self.whole).measured(), "parts": asdict(parts)}
+        predicted = None
+        error = None
+        if held_out:
+            predicted = {**_prediction(self.prediction), "from_steps": list(self.predicted_from)}
+            error = measured["step_s"] / self.prediction.step_s - 1.0
+        return {
+            "predicted": predicted,
+            "measured": measured,
+            "error": error,
+            "alternatives": {k: _prediction(p) for k, p in alternatives(parts, self.layout).items()},
+        }
+
+
+def _prediction(p: Prediction) -> dict:
+    return {"step_s": p.step_s, "trainer_busy": p.trainer_busy, "lag_mean": p.lag_mean, "bound": p.bound}
+
+
+def pace_line(summary: dict, runtime: str) -> str | None:
+    """The run's pace in one line, from :meth:`PaceMeter.summary`'s sections of ``summary``."""
+    measured = summary.get("measured")
+    if not measured:
+        return None
+    head = f"pace: {measured['step_s']:.3g} s a step"
+    if summary.get("predicted"):
+        p = summary["predicted"]
+        a, b = p["from_steps"]
+        head += f" against {p['step_s']:.3g} predicted from steps {a}-{b} ({summary['error']:+.0%}), {p['bound']}-bound"
+    others = [(k, v) for k, v in summary["alternatives"].items() if not (k == "sync" and runtime == "sync")]
+    said = ", ".join(f"{_name(k)} {v['step_s']:.3g} s ({v['bound']}-bound)" for k, v in others)
+    note = _cores_note(summary)
+    return f"{head}; this run's parts predict {said}" + (f" ({note})" if note else "")
+
+
+def _cores_note(summary: dict) -> str:
+    """What the ray runtime's figures assume where its searchers would share the machine's cores."""
+    machine = summary.get("environment") or {}
+    if machine and not machine.get("gpus"):
+        cores = machine.get("cores", "?")
+        return f"ray's figures give searchers cores of their own; on {cores} cores they share the trainer's"
+    return ""
+
+
+def parts_of_run(run_dir: Path) -> tuple[StepParts, str, str]:
+    """The parts a finished run measured (its ``summary.json``), where (the run and its machine),
+    and what the ray runtime's predictions from them assume (:func:`_cores_note`)."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+        parts = StepParts(**summary["measured"]["parts"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(
+            f"--parts-from {run_dir}: no measured parts in {path} ({type(err).__name__}: {err}); "
+            "give the folder of a run that finished with this version of tba"
+        ) from None
+    machine = summary.get("environment", {})
+    where = f"{machine.get('cpu', 'an unnamed CPU')}, {machine.get('cores', '?')} cores"
+    if machine.get("gpus"):
+        where += f", {len(machine['gpus'])} x {machine['gpus'][0]}"
+    return parts, f"{run_dir} ({summary.get('runtime', '?')} runtime, {where})", _cores_note(summary)
+
+
+def foreseen(parts: StepParts, layout: Layout, source: str, note: str = "") -> list[str]:
+    """What ``parts`` (measured by ``source``) predict for ``layout`` and its alternatives: the
+    lines ``--parts-from`` prints before a run; ``note``: what the ray runtime's figures assume."""
+    searchers = f" with {layout.searchers} searcher(s)" if layout.runtime == "ray" else ""
+    lines = [
+        f"pace from the parts of {source}:",
+        f"  this run ({layout.runtime}{searchers}): {predict(parts, layout).describe()}",
+    ]
+    for key, p in alternatives(parts, layout).items():
+        lines.append(f"  {_name(key)}: {p.describe()}")
+    if note:
+        lines.append(f"  ({note})")
+    return lines
