@@ -34,6 +34,10 @@ PROMPT_TOKENS = 128
 """The prompt length the split assumes (prompts are not read before the plan)."""
 PER_GPU = (1, 2, 4)
 """Searchers a GPU that the split tries."""
+TIE = 0.05
+"""Candidates predicted within this fraction of the fastest step count as equal: the parts are not
+known closer than that (``benchmarks/results/cost_model``). Among them the split takes the fewest
+ranks, then the fewest engines a GPU, then the fewest searchers."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,26 @@ def candidates(cfg: Config, hw: Hardware, transport_name: str, shape: tuple[floa
             c_step, c_batch = w.completions_per_step, w.completions_per_batch
             layout = Layout("ray", c_step, c_batch, searchers, ranks, sync_interval=k, lag_bound=bound)
             found.append(Candidate(ranks, searchers, per_gpu, predict(sp, layout)))
-    # fastest first; among equals (within 2%), fewer GPUs to the trainer and fewer searchers
-    found.sort(key=lambda c: (round(math.log(c.prediction.step_s) / math.log(1.02)), c.ranks, c.searchers))
-    return found
+    return ranked(found)
+
+
+def ranked(found: list[Candidate]) -> list[Candidate]:
+    """``found`` in the split's order: those that tie with the fastest (within :data:`TIE`) first,
+    fewest ranks, then engines a GPU, then searchers; then the rest, fastest first."""
+    if not found:
+        return found
+    fastest = min(c.prediction.step_s for c in found)
+    tied = [c for c in found if c.prediction.step_s <= fastest * (1 + TIE)]
+    rest = [c for c in found if c.prediction.step_s > fastest * (1 + TIE)]
+    tied.sort(key=lambda c: (c.ranks, c.per_gpu, c.searchers, c.prediction.step_s))
+    rest.sort(key=lambda c: (c.prediction.step_s, c.ranks, c.per_gpu, c.searchers))
+    return tied + rest
+
+
+def ties(found: list[Candidate]) -> int:
+    """How many of :func:`ranked`'s candidates tie with the fastest."""
+    fastest = min((c.prediction.step_s for c in found), default=0.0)
+    return sum(c.prediction.step_s <= fastest * (1 + TIE) for c in found)
 
 
 def evaluation_gpus(cfg: Config) -> int:
@@ -167,9 +188,14 @@ def choose(cfg: Config, hw: Hardware, transport_name: str, model_path) -> tuple[
     sync = sync_prediction(cfg, hw, shape, kind)
     auto_keys = [k for k, v in (("num_searchers", r.num_searchers), ("num_ranks", t.num_ranks)) if v == "auto"]
     chosen = f"auto ({', '.join(auto_keys)}): " if auto_keys else ""
-    why["layout"] = (
-        f"{chosen}{best.describe()}; predicted for a {size(shape[0])} model, {PROMPT_TOKENS}-token prompts{unknown}"
+    tie = ties(found)
+    tied = (
+        f"; {tie} splits within {TIE:.0%} of the fastest tie, and the fewest ranks, then engines a GPU, win"
+        if tie > 1
+        else ""
     )
+    model = f"predicted for a {size(shape[0])} model, {PROMPT_TOKENS}-token prompts{unknown}"
+    why["layout"] = f"{chosen}{best.describe()}; {model}{tied}"
     if runner is not None:
         why["runner_up"] = runner.describe()
     if best.prediction.bound == "lag":
