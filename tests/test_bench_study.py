@@ -128,3 +128,39 @@ def test_an_arm_with_only_failed_rows_shows_its_first_error_line():
     rows = run_study([Arm("a", seeds=[0, 1]), Arm("b", seeds=[0])], fake([], fail={"a-seed1", "b-seed0"}), echo=None)
     text = table(rows, ("arm",), [Column("arm", "arm", "first", ""), Column("gain", "gain"), Column("n", "seed")])
     assert text.splitlines()[2:] == ["| a | 0.000 | 0.000 |", "| b | boom |  |"]
+
+
+def test_the_cost_pairs_hold_each_runs_prediction_to_the_other_run(tmp_path):
+    """bench_cost_pairs.py: run A's parts predict run B (and B's predict A); within 15% with the
+    ranking right passes, else the part that moved most between the two runs is named."""
+    import bench_cost_pairs as pairs
+
+    def write(layout, runtime, step_s, alternatives, parts):
+        folder = tmp_path / pairs.run_name("demo", layout)
+        folder.mkdir()
+        summary = {"runtime": runtime, "measured": {"step_s": step_s, "parts": parts}, "alternatives": alternatives}
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+    def alt(**steps):
+        return {k: {"step_s": v, "bound": "trainer"} for k, v in steps.items()}
+
+    sync_parts = {"generate_s": 0.17, "train_s": 0.18, "overhead_s": 0.001, "load_s": 0.0, "publish_s": 0.0}
+    ray_parts = {**sync_parts, "train_s": 0.36}  # the trainer beside a searcher on 2 cores: twice as slow
+    write("sync", "sync", 0.35, alt(sync=0.352, ray_1=0.184), sync_parts)
+    write("ray_1", "ray", 0.36, alt(sync=0.53, ray_1=0.37), ray_parts)
+    rows = pairs.pair_rows(tmp_path)
+    assert [(r["from"], r["predicts"]) for r in rows] == [("sync", "ray_1"), ("ray_1", "sync")]
+    sync_to_ray, ray_to_sync = rows
+    assert sync_to_ray["error"] == pytest.approx(0.184 / 0.36 - 1, abs=1e-3)
+    # sync's parts say ray is faster (0.184 < 0.352); the runs say it is slower (0.36 > 0.35)
+    assert sync_to_ray["ranking_right"] is False
+    assert sync_to_ray["miss"] == "the trainer's step: 0.18 s in sync, 0.36 s in ray"
+    # ray's parts say sync is slower (0.53 > 0.37): wrong as well, and 51% off
+    assert ray_to_sync["error"] == pytest.approx(0.53 / 0.35 - 1, abs=1e-3) and ray_to_sync["ranking_right"] is False
+    assert ray_to_sync["miss"] == "the trainer's step: 0.36 s in ray, 0.18 s in sync"
+    # a prediction within 15%, ranked right, names no miss
+    write("ray_2", "ray", 0.2, alt(ray_2=0.2, ray_4=0.2), ray_parts)
+    (tmp_path / "demo-ray_1" / "summary.json").unlink()
+    write("ray_4", "ray", 0.21, alt(ray_2=0.22, ray_4=0.19), ray_parts)
+    both = {(r["from"], r["predicts"]): r for r in pairs.pair_rows(tmp_path)}
+    assert both[("ray_2", "ray_4")]["miss"] is None and both[("ray_2", "ray_4")]["ranking_right"] is True
