@@ -15,7 +15,8 @@ The parts come from part measurements, never from the rows checked: on CPUs from
 - the H100 runs of ``results/gpu_vllm`` and the H200 runs of ``results/gpu``;
 - the stand-in runs of ``results/scale`` (``bench_scale.py``).
 
-A row is ``held out`` when no part was taken from the run itself. Writes
+A row is ``held out`` when no part was taken from the run itself; its ``parts from`` column says
+where they came from (a row whose parts are its own run's checks that the parts add up). Writes
 ``results/scale/validation.json``; the table goes to ``results/scale/README.md`` by hand.
 """
 
@@ -112,7 +113,10 @@ def cpu_rows(stored: dict) -> list[dict]:
         overhead = per_completion * p["completions_per_step"] if runtime == "ray" else 0.0
         sp = StepParts(p["batch_s"], p["train_s"], p["load_s"], p["publish_s"], overhead)
         layout = Layout(runtime, p["completions_per_step"], p["completions_per_batch"])
-        out.append(compare(f"2 cores: {name} (this machine)", predict(sp, layout), m, held_out=True))
+        source = "bench_parts.py on this CPU, apart" + (
+            "; the runtime's cost a completion: stand-ins' 32" if runtime == "ray" else ""
+        )
+        out.append(compare(f"2 cores: {name} (this machine)", predict(sp, layout), m, source, held_out=True))
     return out
 
 
@@ -135,9 +139,23 @@ def gpu_rows() -> list[dict]:
         if not m:
             continue
         pred = predict(gpu_parts("h100", w, transport), Layout(runtime, 64, 64, shared=runtime == "ray"))
-        held = runtime == "sync"  # the shared-GPU factors are the ray runs' own
+        # the decode point and the trainer's step are the sync run's own phases; the shared-GPU factors the ray runs'
+        source = (
+            "this run's own phases (parts add up)"
+            if runtime == "sync"
+            else "sync run's phases; its own shared-GPU factors"
+        )
         measured = {"step_s": m["loop_step_s"], "trainer_busy": m.get("busy"), "lag_mean": m.get("lag_mean")}
-        out.append(compare(f"H100: {name}", pred, measured, held_out=held))
+        out.append(compare(f"H100: {name}", pred, measured, source, held_out=False))
+    h200_vllm = [
+        r for f in sorted((RESULTS / "gpu_h200_vllm").glob("results-*.json")) for r in json.loads(f.read_text())["runs"]
+    ]
+    for m in h200_vllm:
+        transport = m.get("transport") or "in_process"
+        pred = predict(gpu_parts("h200", w, transport), Layout(m["runtime"], 64, 64, shared=m["runtime"] == "ray"))
+        source = "H100's vLLM decode point and shared-GPU factors, the H200 HF run's trainer step, datasheets"
+        measured = {"step_s": m["loop_step_s"], "trainer_busy": m.get("busy"), "lag_mean": m.get("lag_mean")}
+        out.append(compare(f"H200: {m['name']}", pred, measured, source, held_out=True))
     hf = Workload(494032768, 24, 10, 128, 64, 64, "hf")
     h200 = json.loads((RESULTS / "gpu" / "results-bf16-mixed.json").read_text())["runs"]
     for m in h200:
@@ -145,12 +163,14 @@ def gpu_rows() -> list[dict]:
             p = gpu_parts("h200", hf, "in_process")
             sp = StepParts(p.generate_s, p.train_s, m["publish_s"], 0.0, p.overhead_s)  # HF's in-process copy
             pred = predict(sp, Layout("sync", 64, 64))
+            source, held = "this run's own phases and publish_s as its load (parts add up)", False
         else:  # before publication left the trainer's path: the parts of bench_gpu.py --publish 4, alone
             p = gpu_parts("h200", hf, "object_store")
             sp = StepParts(p.generate_s, p.train_s, 0.942 + 0.153, 0.005 + 0.538 + 1.707, p.overhead_s)
             pred = predict(sp, Layout("ray", 64, 64, shared=True))
+            source, held = "the sync run's phases, bench_gpu.py --publish 4 alone, H100 shared-GPU factors", True
         measured = {"step_s": m["loop_step_s"], "trainer_busy": m.get("busy"), "lag_mean": m.get("lag_mean")}
-        out.append(compare(f"H200: {m['name']}", pred, measured, held_out=True))
+        out.append(compare(f"H200: {m['name']}", pred, measured, source, held_out=held))
     return out
 
 
@@ -166,13 +186,19 @@ def scale_rows() -> list[dict]:
     for r in data["rows"]:
         layout = Layout("ray", c_step, c_batch, searchers=r["searchers"], sync_interval=s["sync_interval"])
         measured = {"step_s": 1 / r["steps_per_s"], "trainer_busy": r["trainer_busy_fraction"], "lag_mean": None}
-        out.append(compare(f"stand-ins: {r['searchers']} searcher(s)", predict(sp, layout), measured, held_out=True))
+        own = r["searchers"] == 32  # the runtime's cost a completion is this row's figure
+        source = "set stand-in times; the runtime's cost a completion: " + ("this row's own" if own else "the 32 row's")
+        name = f"stand-ins: {r['searchers']} searcher(s)"
+        out.append(compare(name, predict(sp, layout), measured, source, held_out=not own))
     return out
 
 
-def compare(name: str, pred, measured: dict, held_out: bool) -> dict:
+def compare(name: str, pred, measured: dict, source: str, held_out: bool) -> dict:
+    """One row; ``source``: where its parts came from; ``held_out``: none of them from the run checked
+    (else the row checks that the parts add up)."""
     return {
         "layout": name,
+        "parts_from": source,
         "predicted_s": round(pred.step_s, 3),
         "measured_s": round(measured["step_s"], 3),
         "error": round(pred.step_s / measured["step_s"] - 1, 3),
@@ -185,6 +211,19 @@ def compare(name: str, pred, measured: dict, held_out: bool) -> dict:
     }
 
 
+VLLM = ("vllm", "vllm-ipc", "vllm-os")
+
+
+def ray_against_sync(rows: list[dict]) -> tuple[float, float] | None:
+    """(predicted, measured) speed of the fastest ray row over the sync row: above 1, ray is faster."""
+    sync = [r for r in rows if "sync" in r["layout"]]
+    ray = [r for r in rows if "ray" in r["layout"]]
+    if not sync or not ray:
+        return None
+    best = min(ray, key=lambda r: r["measured_s"])
+    return sync[0]["predicted_s"] / best["predicted_s"], sync[0]["measured_s"] / best["measured_s"]
+
+
 def either(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
@@ -193,8 +232,8 @@ def report() -> None:
     stored = json.loads(OUT.read_text()) if OUT.is_file() else {}
     rows = cpu_rows(stored) + gpu_rows() + scale_rows()
     head = ["layout", "predicted s/step", "measured s/step", "error", "bound", "busy pred / meas", "lag pred / meas"]
-    print(row([*head, "held out"]))
-    print(rule("lrrrlrrl"))
+    print(row([*head, "held out", "parts from"]))
+    print(rule("lrrrlrrll"))
     for r in rows:
         busy = f"{r.get('busy_predicted', '-')} / {either(r.get('busy_measured'))}"
         lag = f"{r.get('lag_predicted', '-')} / {either(r.get('lag_measured'))}"
@@ -209,11 +248,18 @@ def report() -> None:
                     busy,
                     lag,
                     "yes" if r["held_out"] else "no",
+                    r["parts_from"],
                 ]
             )
         )
     within = [r for r in rows if abs(r["error"]) <= 0.15]
-    print(f"\n{len(within)} of {len(rows)} rows within 15%")
+    held = [r for r in rows if r["held_out"]]
+    held_within = sum(abs(r["error"]) <= 0.15 for r in held)
+    print(f"\n{len(within)} of {len(rows)} rows within 15%; held out: {held_within} of {len(held)}")
+    for gpu in ("H100", "H200"):  # with vLLM on both
+        ratio = ray_against_sync([r for r in rows if r["layout"].startswith(gpu) and r["layout"].endswith(VLLM)])
+        if ratio:
+            print(f"{gpu}: ray against sync, predicted {ratio[0]:.2f}x, measured {ratio[1]:.2f}x")
     stored["rows"] = rows
     OUT.write_text(json.dumps(stored, indent=1) + "\n")
 
