@@ -23,9 +23,11 @@ where they came from (a row whose parts are its own run's checks that the parts 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness import print_machine, row, rule
@@ -298,12 +300,12 @@ def project() -> None:
     import tempfile
 
     from tba.config import load_config
-    from tba.plan.layout import candidates, sync_prediction
     from tba.plan.machines import described
     from tba.plan.shape import model_shape
 
-    print(row(["setting", "machine", "split (auto)", "s/step", "bound", "busy", "runner-up", "sync s/step", "vs sync"]))
-    print(rule("lllrlrlrr"))
+    head = ["setting", "machine", "split (auto)", "s/step", "bound", "busy", "runner-up", "sync s/step", "vs sync"]
+    print(row([*head, "vs sync if decode floor x2 / trainer efficiency /2 / network /2"]))
+    print(rule("lllrlrlrrl"))
     with tempfile.TemporaryDirectory() as tmp:
         for name, model, machine, overrides in PROJECTIONS:
             folder = Path(tmp) / model
@@ -314,14 +316,53 @@ def project() -> None:
             cfg = load_config(None, args)
             shape = model_shape(str(folder))
             kind = machine.split("x")[-1]
-            found = candidates(cfg, hw, "object_store", shape, kind)
+
+            found, sync = projected(cfg, hw, shape, kind)
             best, runner = found[0], found[1] if len(found) > 1 else None
-            sync = sync_prediction(cfg, hw, shape, kind)
             split = f"{best.ranks} + {best.searchers}" + (f", {best.per_gpu} a GPU" if best.per_gpu > 1 else "")
             other = f"{runner.ranks} + {runner.searchers}: {runner.prediction.step_s:.3g} s" if runner else "-"
             p = best.prediction
+            sensitivity = []
+            for assumption in ASSUMPTIONS:
+                with assumed(assumption):
+                    found_off, sync_off = projected(cfg, hw, shape, kind)
+                sensitivity.append(f"{sync_off.step_s / found_off[0].prediction.step_s:.2f}x")
             print(row([name, machine, split, f"{p.step_s:.3g}", p.bound, f"{p.trainer_busy:.2f}", other,
-                       f"{sync.step_s:.3g}", f"{sync.step_s / p.step_s:.2f}x"]))  # fmt: skip
+                       f"{sync.step_s:.3g}", f"{sync.step_s / p.step_s:.2f}x", " / ".join(sensitivity)]))  # fmt: skip
+
+
+def projected(cfg, hw, shape, kind):
+    """The split's candidates, fastest first, and the sync runtime's prediction."""
+    from tba.plan.layout import candidates, sync_prediction
+
+    return candidates(cfg, hw, "object_store", shape, kind), sync_prediction(cfg, hw, shape, kind)
+
+
+ASSUMPTIONS = ("decode floor x2", "trainer efficiency /2", "network /2")
+
+
+@contextmanager
+def assumed(assumption: str):
+    """The parts file with one assumption off by 2x, for the projections' sensitivity column: the
+    decode floor (the measured decode points at half their rate), the trainer's efficiency (the
+    measured steps twice as long, the published efficiency at scale halved), the network's bandwidth
+    halved. The file itself is restored after."""
+    table = parts()
+    saved = copy.deepcopy(table)
+    if assumption == "decode floor x2":
+        for e in table["decode"]:
+            e["tokens_per_s"] /= 2
+    elif assumption == "trainer efficiency /2":
+        for e in table["train"]:
+            e["step_s"] *= 2
+        table["train_at_scale"]["mfu"] /= 2
+    else:
+        table["weights"]["network_gb_s"]["value"] /= 2
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
 
 
 def main() -> None:

@@ -318,3 +318,17 @@ def test_every_transport_names_its_parts_in_the_cost_model():
         "object_store",
         "ipc",
     ]
+
+
+def test_searchers_on_other_nodes_share_the_trainer_nodes_link_one_copy_a_node():
+    w = Workload(7.6e9, 28, 128, 512, 128, 128, "vllm")
+    network = parts()["weights"]["network_gb_s"]["value"]
+    local = gpu_parts("h100", w, "object_store").load_s
+    # every searcher remote: a copy for each of the 7 other nodes through one link
+    seven = gpu_parts("h100", w, "object_store", remote=1.0, remote_nodes=7).load_s
+    assert seven - local == pytest.approx(7 * w.weight_gb / network)
+    one = gpu_parts("h100", w, "object_store", remote=1.0, remote_nodes=1).load_s
+    assert one - local == pytest.approx(w.weight_gb / network)
+    # half the searchers remote: half of them wait for it
+    half = gpu_parts("h100", w, "object_store", remote=0.5, remote_nodes=7).load_s
+    assert half - local == pytest.approx(3.5 * w.weight_gb / network)

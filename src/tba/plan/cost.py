@@ -210,12 +210,15 @@ def gpu_parts(
     ranks: int = 1,
     searchers_per_gpu: int = 1,
     remote: float = 0.0,
+    remote_nodes: int = 0,
 ) -> StepParts:
     """The seconds of a step's parts for ``w`` on ``device`` GPUs: a searcher's batch on its GPU
     (``searchers_per_gpu`` engines sharing it), the trainer step on ``ranks`` GPUs of one node (FSDP:
     the step split, the weights gathered twice and the gradients reduced once over NVLink), and
     ``transport``'s publication and load, over the network for the ``remote`` fraction of the
-    searchers that run on other nodes."""
+    searchers that run on other nodes: each of the ``remote_nodes`` (at least one) fetches one copy
+    of a publication (the object store keeps one a node), through the trainer node's one link,
+    which they share."""
     dev, p = device_parts(device), parts()
     peak = dev["bf16_tflops"] * 1e12
     mfu = train_mfu(device, w.params)
@@ -230,7 +233,7 @@ def gpu_parts(
         train += 3 * w.weight_gb * (ranks - 1) / ranks / p["interconnect_gb_s"]["nvlink"]
     t = p["weights"][transport]
     load = t.get("fixed_s", 0.0) + w.weight_gb * t["load_s_per_gb"]
-    load += remote * w.weight_gb / p["weights"]["network_gb_s"]["value"]
+    load += remote * max(1, remote_nodes) * w.weight_gb / p["weights"]["network_gb_s"]["value"]
     overhead = w.completions_per_step * p["runtime"]["trainer_s_per_completion"]
     # what a publication costs the trainer's own step: nothing where the searcher reads its copy in place
     on_path = p["weights"]["on_trainer_path_s"]["value"] if transport_named(transport).to_processes else 0.0

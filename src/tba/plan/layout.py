@@ -93,7 +93,7 @@ def candidates(cfg: Config, hw: Hardware, transport_name: str, shape: tuple[floa
             crowded = searchers * cfg.runtime.searcher_cpus > cores
             if not fixed_searchers and (crowded or not searchers_fit(kind, w.params, per_gpu)):
                 continue
-            sp = gpu_parts(kind, w, cost, ranks, per_gpu, remote)
+            sp = gpu_parts(kind, w, cost, ranks, per_gpu, remote, hw.nodes - 1)
             c_step, c_batch = w.completions_per_step, w.completions_per_batch
             layout = Layout("ray", c_step, c_batch, searchers, ranks, sync_interval=k, lag_bound=bound)
             found.append(Candidate(ranks, searchers, per_gpu, predict(sp, layout)))
