@@ -43,6 +43,8 @@ def test_the_first_steps_predict_the_rest_and_the_error_is_measured_over_predict
     clock, said = Clock(), []
     meter = PaceMeter(layout, clock, steps=60, log=said.append)
     assert meter.early == 6
+    meter.announce()
+    assert said.pop() == "pace: steps 2-7 will predict the rest (tba train --parts-from=RUN predicts before a run)"
     # steps 1-7 at 0.33 s: 0.2 generation (a 0.005 load in it), 0.1 optimizer, 0.01 publication, 0.02 the rest
     run(meter, clock, range(1, 8), sync_record(), 0.33, pause=0.5)
     assert meter.prediction is not None and meter.predicted_from == (2, 7)
@@ -92,7 +94,10 @@ def test_the_ray_runtime_reads_a_searchers_batch_from_their_rate_and_its_wait():
 def test_a_run_too_short_to_hold_steps_out_reports_its_parts_without_a_prediction():
     assert early_steps(8) == 0 and early_steps(11) == 5 and early_steps(1000) == 50
     clock = Clock()
-    meter = PaceMeter(Layout("sync", 64, 64), clock, steps=8, log=lambda m: None)
+    said = []
+    meter = PaceMeter(Layout("sync", 64, 64), clock, steps=8, log=said.append)
+    meter.announce()
+    assert said == []  # nothing to announce
     run(meter, clock, range(1, 9), sync_record(), 0.33)
     s = meter.summary()
     assert s["predicted"] is None and s["error"] is None and s["measured"]["steps"] == 7
@@ -101,8 +106,11 @@ def test_a_run_too_short_to_hold_steps_out_reports_its_parts_without_a_predictio
 
 def test_a_resumed_run_counts_from_the_step_it_resumed_at():
     clock = Clock()
-    meter = PaceMeter(Layout("sync", 64, 64), clock, steps=100, first=40, log=lambda m: None)
+    said = []
+    meter = PaceMeter(Layout("sync", 64, 64), clock, steps=100, first=40, log=said.append)
     assert meter.early == 6
+    meter.announce()
+    assert said[0].startswith("pace: steps 42-47 will predict the rest")
     run(meter, clock, range(41, 101), sync_record(), 0.33)
     assert meter.predicted_from == (42, 47) and meter.summary()["measured"]["steps"] == 53
 

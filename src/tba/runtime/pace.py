@@ -167,6 +167,12 @@ class PaceMeter:
         self.early = early_steps(self.steps - self.first)
         self._active = self._paused = None
 
+    def announce(self) -> None:
+        """Say at the start which steps will predict the rest."""
+        if self.early:
+            a, b = self.first + 2, self.first + 1 + self.early
+            self.log(f"pace: steps {a}-{b} will predict the rest (tba train --parts-from=RUN predicts before a run)")
+
     def after_step(self, step: int, record: dict) -> None:
         active, paused = self.clock.active_s(), self.clock.paused_s
         if self._active is None or step == self.first + 1:  # the first step: the clock starts after it

@@ -77,6 +77,7 @@ def train_steps(
             evaluation, finished = background, FinishedEvaluations(background, run_dir, metrics, watches)
         before = background.before_checkpoint if background is not None else None
         pace = PaceMeter(run_layout(t, g, plan, sections.searchers), clock, t.steps, c.trainer.version, log)
+        pace.announce()
         observers = [
             pace,
             evaluation,
