@@ -10,7 +10,7 @@ runtime with 1, 2 and 4 searchers (``summary.json``'s ``measured`` and ``alterna
 ``tba.runtime.pace``). A pair is a run of layout A and a run of layout B of the same setting: A's
 prediction for B against B's measured seconds a step (over its steps after its first tenth), and the
 other way round. The ranking is right when the prediction says which of A and B is faster as the
-two runs did. A miss names the part that moved most between the two runs (the trainer's step, a
+two runs did. A miss names the part that moved most between the two runs, in seconds (the trainer's step, a
 searcher's batch, the runtime's own cost a step): what the model took as fixed across layouts and
 was not.
 
@@ -101,9 +101,9 @@ def summary_of(runs: Path, setting: str, layout: str) -> dict | None:
 
 
 def miss_part(a: dict, b: dict) -> str:
-    """The part that moved most (as a ratio) between two runs' measured parts."""
+    """The part that moved most (in seconds) between two runs' measured parts."""
     pa, pb = a["measured"]["parts"], b["measured"]["parts"]
-    moved = {k: max(pa[k], pb[k]) / max(min(pa[k], pb[k]), 1e-6) for k in ("generate_s", "train_s", "overhead_s")}
+    moved = {k: abs(pa[k] - pb[k]) for k in ("generate_s", "train_s", "overhead_s")}
     key = max(moved, key=moved.get)
     return f"{PART_NAMES[key]}: {pa[key]:.3g} s in {a['runtime']}, {pb[key]:.3g} s in {b['runtime']}"
 
