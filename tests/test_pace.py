@@ -66,11 +66,11 @@ def test_the_first_steps_predict_the_rest_and_the_error_is_measured_over_predict
     # side by side with one searcher, a step takes the longer of a batch and the trainer's part
     ray1 = s["alternatives"]["ray_1"]
     assert ray1["step_s"] == pytest.approx(parts.generate_s + parts.load_s) and ray1["bound"] == "searchers"
-    line = pace_line({**s, "runtime": "sync"}, "sync")
+    line = pace_line({**s, "runtime": "sync"})
     assert line.startswith("pace: 0.363 s a step against 0.33 predicted from steps 2-7 (+10%), turns-bound;")
     assert "ray with 2 searcher(s)" in line and "the sync runtime" not in line and "cores" not in line
     # measured on a machine without GPUs: the ray runtime's figures say what they assume
-    on_cpu = pace_line({**s, "environment": {"cores": 2, "gpus": []}}, "sync")
+    on_cpu = pace_line({**s, "runtime": "sync", "environment": {"cores": 2, "gpus": []}})
     assert on_cpu.endswith("(ray's figures give searchers cores of their own; on 2 cores they share the trainer's)")
 
 
@@ -101,7 +101,7 @@ def test_a_run_too_short_to_hold_steps_out_reports_its_parts_without_a_predictio
     run(meter, clock, range(1, 9), sync_record(), 0.33)
     s = meter.summary()
     assert s["predicted"] is None and s["error"] is None and s["measured"]["steps"] == 7
-    assert pace_line({**s, "runtime": "sync"}, "sync").startswith("pace: 0.33 s a step; this run's parts predict")
+    assert pace_line({**s, "runtime": "sync"}).startswith("pace: 0.33 s a step; this run's parts predict")
 
 
 def test_a_resumed_run_counts_from_the_step_it_resumed_at():

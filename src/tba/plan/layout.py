@@ -101,22 +101,23 @@ def candidates(cfg: Config, hw: Hardware, transport_name: str, shape: tuple[floa
 
 
 def ranked(found: list[Candidate]) -> list[Candidate]:
-    """``found`` in the split's order: those that tie with the fastest (within :data:`TIE`) first,
-    fewest ranks, then engines a GPU, then searchers; then the rest, fastest first."""
-    if not found:
-        return found
-    fastest = min(c.prediction.step_s for c in found)
-    tied = [c for c in found if c.prediction.step_s <= fastest * (1 + TIE)]
-    rest = [c for c in found if c.prediction.step_s > fastest * (1 + TIE)]
-    tied.sort(key=lambda c: (c.ranks, c.per_gpu, c.searchers, c.prediction.step_s))
+    """``found`` in the split's order: those that tie with the fastest (:func:`tied`) first, fewest
+    ranks, then engines a GPU, then searchers; then the rest, fastest first."""
+    first = sorted(tied(found), key=lambda c: (c.ranks, c.per_gpu, c.searchers, c.prediction.step_s))
+    rest = [c for c in found if c not in first]
     rest.sort(key=lambda c: (c.prediction.step_s, c.ranks, c.per_gpu, c.searchers))
-    return tied + rest
+    return first + rest
+
+
+def tied(found: list[Candidate]) -> list[Candidate]:
+    """The candidates predicted within :data:`TIE` of the fastest."""
+    fastest = min((c.prediction.step_s for c in found), default=0.0)
+    return [c for c in found if c.prediction.step_s <= fastest * (1 + TIE)]
 
 
 def ties(found: list[Candidate]) -> int:
     """How many of :func:`ranked`'s candidates tie with the fastest."""
-    fastest = min((c.prediction.step_s for c in found), default=0.0)
-    return sum(c.prediction.step_s <= fastest * (1 + TIE) for c in found)
+    return len(tied(found))
 
 
 def evaluation_gpus(cfg: Config) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tba.config import GenerationConfig, TrainerConfig
@@ -130,15 +130,14 @@ def alternatives(parts: StepParts, layout: Layout) -> dict[str, Prediction]:
 
 
 def _with(layout: Layout, runtime: str, searchers: int) -> Layout:
-    return Layout(
-        runtime,
-        layout.completions_per_step,
-        layout.completions_per_batch,
-        searchers,
-        layout.ranks,
-        layout.shared and runtime == "ray",
-        layout.sync_interval,
-        layout.lag_bound if runtime == "ray" else None,
+    """``layout`` in ``runtime`` with ``searchers`` (the sync runtime shares no GPU and has no lag bound)."""
+    ray = runtime == "ray"
+    return replace(
+        layout,
+        runtime=runtime,
+        searchers=searchers,
+        shared=layout.shared and ray,
+        lag_bound=layout.lag_bound if ray else None,
     )
 
 
@@ -175,7 +174,7 @@ class PaceMeter:
 
     def after_step(self, step: int, record: dict) -> None:
         active, paused = self.clock.active_s(), self.clock.paused_s
-        if self._active is None or step == self.first + 1:  # the first step: the clock starts after it
+        if self._active is None:  # the first step (first + 1): the clock starts after it
             self._active, self._paused = active, paused
             return
         d_active, d_paused = active - self._active, paused - self._paused
@@ -215,8 +214,9 @@ def _prediction(p: Prediction) -> dict:
     return {"step_s": p.step_s, "trainer_busy": p.trainer_busy, "lag_mean": p.lag_mean, "bound": p.bound}
 
 
-def pace_line(summary: dict, runtime: str) -> str | None:
-    """The run's pace in one line, from :meth:`PaceMeter.summary`'s sections of ``summary``."""
+def pace_line(summary: dict) -> str | None:
+    """The run's pace in one line, from :meth:`PaceMeter.summary`'s sections of ``summary`` (a
+    run's ``summary.json``, its ``runtime`` included)."""
     measured = summary.get("measured")
     if not measured:
         return None
@@ -225,7 +225,7 @@ def pace_line(summary: dict, runtime: str) -> str | None:
         p = summary["predicted"]
         a, b = p["from_steps"]
         head += f" against {p['step_s']:.3g} predicted from steps {a}-{b} ({summary['error']:+.0%}), {p['bound']}-bound"
-    others = [(k, v) for k, v in summary["alternatives"].items() if not (k == "sync" and runtime == "sync")]
+    others = [(k, v) for k, v in summary["alternatives"].items() if not (k == "sync" and summary["runtime"] == "sync")]
     said = ", ".join(f"{_name(k)} {v['step_s']:.3g} s ({v['bound']}-bound)" for k, v in others)
     note = _cores_note(summary)
     return f"{head}; this run's parts predict {said}" + (f" ({note})" if note else "")
@@ -255,7 +255,7 @@ def parts_of_run(run_dir: Path) -> tuple[StepParts, str, str]:
     machine = summary.get("environment", {})
     where = f"{machine.get('cpu', 'an unnamed CPU')}, {machine.get('cores', '?')} cores"
     if machine.get("gpus"):
-        where += f", {len(machine['gpus'])} x {machine['gpus'][0]}"
+        where += f", {len(machine['gpus'])} x {machine['gpus'][0]['name']}"
     return parts, f"{run_dir} ({summary.get('runtime', '?')} runtime, {where})", _cores_note(summary)
 
 

@@ -167,7 +167,7 @@ def print_summary(console: Console, s: dict, eval_samples: int = 1, run_dir: Pat
     ]
     title = f"{s['task']}, {s['runtime']} runtime: {s['trainer_steps']} steps in {s['wall_clock_s']:.0f} s"
     console.print(summary_table(rows, title))
-    pace = pace_line(s, s["runtime"])
+    pace = pace_line(s)
     if pace:
         console.print(pace, highlight=False, markup=False)
     if run_dir is not None:
