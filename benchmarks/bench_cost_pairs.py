@@ -53,6 +53,8 @@ LAYOUTS = {
     "ray_1": ["--runtime.type=ray", "--runtime.num_searchers=1"],
     "ray_2": ["--runtime.type=ray", "--runtime.num_searchers=2"],
     "ray_4": ["--runtime.type=ray", "--runtime.num_searchers=4"],
+    # the sync runtime on one thread: its parts measured with the threads of ray_1's trainer and searcher
+    "sync_1thread": ["--runtime.type=sync", "--run.threads=1"],
 }
 # the pairs: (setting, layout A, layout B); each predicts the other
 PAIRS = [
@@ -63,6 +65,7 @@ PAIRS = [
     ("demo", "ray_1", "ray_2"),
     ("demo", "ray_1", "ray_4"),
     ("demo", "ray_2", "ray_4"),
+    ("demo", "sync_1thread", "ray_1"),  # one way: the alternatives have no one-thread sync runtime
 ]
 PART_NAMES = {
     "generate_s": "a searcher's batch",
@@ -100,12 +103,31 @@ def summary_of(runs: Path, setting: str, layout: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def miss_part(a: dict, b: dict) -> str:
-    """The part that moved most (in seconds) between two runs' measured parts."""
+def threads_of(summary: dict, part: str) -> int:
+    """The threads a run's part was measured with (its ``parts``; 0: not known)."""
+    return summary["measured"]["parts"].get(f"{part}_threads", 0)
+
+
+def miss_part(a: dict, b: dict, predicted: dict) -> str:
+    """What the model got wrong predicting run ``b`` from run ``a``'s parts: the lag bound where it
+    set the predicted pace, the trainer's wait where it was predicted to wait for nothing, else
+    the part whose seconds in ``b`` are furthest from ``a``'s at ``b``'s threads (the model scales
+    a part by the ratio of its threads)."""
+    if predicted["bound"] == "lag":
+        return f"the lag bound: it set the predicted pace; {b['runtime']} measured lag {b['measured']['lag_mean']:.2g}"
     pa, pb = a["measured"]["parts"], b["measured"]["parts"]
-    moved = {k: abs(pa[k] - pb[k]) for k in ("generate_s", "train_s", "overhead_s")}
-    key = max(moved, key=moved.get)
-    return f"{PART_NAMES[key]}: {pa[key]:.3g} s in {a['runtime']}, {pb[key]:.3g} s in {b['runtime']}"
+    moved = {}
+    for key, part in (("generate_s", "generate"), ("train_s", "train"), ("overhead_s", None)):
+        ta, tb = (threads_of(a, part), threads_of(b, part)) if part else (0, 0)
+        expected = pa[key] * ta / tb if ta and tb else pa[key]
+        moved[key] = (abs(pb[key] - expected), expected, ta, tb)
+    key = max(moved, key=lambda k: moved[k][0])
+    gap, expected, ta, tb = moved[key]
+    busy = b["measured"]["trainer_busy"] or 1.0
+    if predicted["bound"] == "trainer" and busy < 0.95 and gap < 0.1 * b["measured"]["step_s"]:
+        return f"the trainer's wait: busy {busy:.2f} in {b['runtime']}, where the parts say it never waits"
+    threads = f" ({ta} -> {tb} threads: expected {expected:.3g} s)" if ta != tb and ta and tb else ""
+    return f"{PART_NAMES[key]}: {pa[key]:.3g} s in {a['runtime']}, {pb[key]:.3g} s in {b['runtime']}{threads}"
 
 
 def pair_rows(runs: Path) -> list[dict]:
@@ -116,8 +138,11 @@ def pair_rows(runs: Path) -> list[dict]:
             continue
         measured = {a: sa["measured"]["step_s"], b: sb["measured"]["step_s"]}
         for source, target, s_src, s_tgt in ((a, b, sa, sb), (b, a, sb, sa)):
+            if target not in s_src["alternatives"]:
+                continue
             predicted_target = s_src["alternatives"][target]["step_s"]
-            predicted_source = s_src["alternatives"][source]["step_s"]  # the same parts, its own layout
+            # the same parts, its own layout (a layout that is no alternative: as it ran)
+            predicted_source = (s_src["alternatives"].get(source) or s_src["measured"])["step_s"]
             error = predicted_target / measured[target] - 1
             ranking = (predicted_target < predicted_source) == (measured[target] < measured[source])
             ok = abs(error) <= 0.15 and ranking
@@ -131,7 +156,7 @@ def pair_rows(runs: Path) -> list[dict]:
                     "error": round(error, 3),
                     "bound": s_src["alternatives"][target]["bound"],
                     "ranking_right": ranking,
-                    "miss": None if ok else miss_part(s_src, s_tgt),
+                    "miss": None if ok else miss_part(s_src, s_tgt, s_src["alternatives"][target]),
                 }
             )
     return rows
@@ -158,6 +183,26 @@ def report(runs: Path) -> None:
         print(row(cells))
     within = sum(r["miss"] is None for r in rows)
     print(f"\n{within} of {len(rows)} predictions within 15% with the ranking right")
+    print_parts(stored["runs"])
+
+
+def cores(cpu_s: float, wall_s: float) -> str:
+    return f"{cpu_s / wall_s:.2f}" if cpu_s and wall_s else "-"
+
+
+def print_parts(runs: dict[str, dict]) -> None:
+    """Each run's measured parts: seconds, and the cores each kept busy (CPU over wall seconds)."""
+    print()
+    head = ["run", "s/step", "batch s", "batch cores", "trainer step s", "trainer cores", "own cost s"]
+    print(row(head))
+    print(rule("lrrrrrr"))
+    for name, s in runs.items():
+        p = s["measured"]["parts"]
+        trainer = p["train_s"] + p["overhead_s"] + p["publish_s"]
+        cells = [name, f"{s['measured']['step_s']:.3g}", f"{p['generate_s']:.3g}"]
+        cells += [cores(p.get("generate_cpu_s", 0.0), p["generate_s"]), f"{p['train_s']:.3g}"]
+        cells += [cores(p.get("train_cpu_s", 0.0), trainer), f"{p['overhead_s']:.3g}"]
+        print(row(cells))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_scale.py             # 1, 2, 4, 8, 16, 32 and 64 searchers
     .venv/bin/python benchmarks/bench_scale.py --quick     # 1, 4 and 8 searchers: about 3 minutes
     .venv/bin/python benchmarks/bench_scale.py --searchers 32 --payload-params 0
+    .venv/bin/python benchmarks/bench_scale.py --searchers 64 --plays 8    # 64 searchers from 8 processes
 
 Each count is one ``run_ray`` in this process on a local Ray instance of its own: real searcher
 actors (one process each), the weight board and the object store, the inbox, the replay buffer and
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -116,7 +118,12 @@ def ideal_rate(n: int, a: argparse.Namespace) -> float:
 
 
 def run_count(n: int, a: argparse.Namespace, out: Path) -> dict:
-    name = f"searchers{n}"
+    if n % a.plays:
+        raise SystemExit(f"--plays {a.plays} must divide every count of searchers ({n} does not)")
+    actors = n // a.plays  # processes, each playing a.plays searchers
+    name = f"searchers{n}" + (f"-in{actors}" if a.plays > 1 else "")
+    # the replay window the plan gives n searchers (tba.plan.auto.replay_window), not n / plays
+    window = max(16, math.ceil(2 * n * a.prompts_per_batch / a.batch_prompts))
     ideal = ideal_rate(n, a)
     # long enough for the measured steps (all but the first fifth) to span several batches of each searcher
     least = 10 if a.quick else 16
@@ -126,8 +133,8 @@ def run_count(n: int, a: argparse.Namespace, out: Path) -> dict:
         None,
         [
             "--runtime.type=ray",
-            f"--runtime.num_searchers={n}",
-            f"--runtime.searcher_cpus={min(1.0, 1.0 / n)}",  # Ray's bookkeeping: they cost no CPU
+            f"--runtime.num_searchers={actors}",
+            f"--runtime.searcher_cpus={min(1.0, 1.0 / actors)}",  # Ray's bookkeeping: they cost no CPU
             "--runtime.max_searcher_restarts=0",
             f"--trainer.steps={steps}",
             f"--trainer.sync_interval={a.sync_interval}",
@@ -143,6 +150,7 @@ def run_count(n: int, a: argparse.Namespace, out: Path) -> dict:
             "--run.seed=0",
             f"--generation.prompts_per_batch={a.prompts_per_batch}",
             f"--trainer.batch_prompts={a.batch_prompts}",
+            *([f"--trainer.replay_window={window}"] if a.plays > 1 else []),
             *a.overrides,
         ],
     )
@@ -155,7 +163,7 @@ def run_count(n: int, a: argparse.Namespace, out: Path) -> dict:
         return c
 
     async_loop.build_components = build
-    async_loop.SearcherWorker = stand_in_searcher(a.batch_s, a.tokens, a.load_s)
+    async_loop.SearcherWorker = stand_in_searcher(a.batch_s, a.tokens, a.load_s, a.plays)
     sampler = Sampler()
     sampler.start()
     t0 = time.time()
@@ -175,6 +183,7 @@ def run_count(n: int, a: argparse.Namespace, out: Path) -> dict:
     rss, uss = list(sampler.rss_mb.values()), list(sampler.uss_mb.values())
     return {
         "searchers": n,
+        "processes": actors,
         "steps": len(records),
         "steps_per_s": round(steps_per_s, 4),
         "ideal_steps_per_s": round(ideal, 4),
@@ -220,6 +229,7 @@ def main() -> None:
     p.add_argument("--payload-params", type=int, default=500_000_000, help="parameters per publication (bf16)")
     p.add_argument("--sync-interval", type=int, default=8, help="trainer.sync_interval")
     p.add_argument("--max-lag", type=int, default=None, help="runtime.max_lag (default: no bound)")
+    p.add_argument("--plays", type=int, default=1, help="searchers a process plays (as many from fewer processes)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/scale"))
     p.add_argument("overrides", nargs="*", help="more tba train overrides (--section.key=value)")
     a = p.parse_args()

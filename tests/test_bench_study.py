@@ -135,14 +135,15 @@ def test_the_cost_pairs_hold_each_runs_prediction_to_the_other_run(tmp_path):
     ranking right passes, else the part that moved most between the two runs is named."""
     import bench_cost_pairs as pairs
 
-    def write(layout, runtime, step_s, alternatives, parts):
+    def write(layout, runtime, step_s, alternatives, parts, busy=1.0):
         folder = tmp_path / pairs.run_name("demo", layout)
-        folder.mkdir()
-        summary = {"runtime": runtime, "measured": {"step_s": step_s, "parts": parts}, "alternatives": alternatives}
+        folder.mkdir(exist_ok=True)
+        measured = {"step_s": step_s, "parts": parts, "trainer_busy": busy, "lag_mean": 1.0}
+        summary = {"runtime": runtime, "measured": measured, "alternatives": alternatives}
         (folder / "summary.json").write_text(json.dumps(summary))
 
-    def alt(**steps):
-        return {k: {"step_s": v, "bound": "trainer"} for k, v in steps.items()}
+    def alt(bound="trainer", **steps):
+        return {k: {"step_s": v, "bound": bound} for k, v in steps.items()}
 
     sync_parts = {"generate_s": 0.17, "train_s": 0.18, "overhead_s": 0.001, "load_s": 0.0, "publish_s": 0.0}
     ray_parts = {**sync_parts, "train_s": 0.36, "overhead_s": 0.01}  # the trainer beside a searcher: twice as slow
@@ -164,3 +165,21 @@ def test_the_cost_pairs_hold_each_runs_prediction_to_the_other_run(tmp_path):
     write("ray_4", "ray", 0.21, alt(ray_2=0.22, ray_4=0.19), ray_parts)
     both = {(r["from"], r["predicts"]): r for r in pairs.pair_rows(tmp_path)}
     assert both[("ray_2", "ray_4")]["miss"] is None and both[("ray_2", "ray_4")]["ranking_right"] is True
+    # the lag bound set the predicted pace: it is the miss, whatever the parts did
+    write("ray_2", "ray", 0.2, alt(bound="lag", ray_2=0.2, ray_4=0.3), ray_parts)
+    lagged = {(r["from"], r["predicts"]): r for r in pairs.pair_rows(tmp_path)}[("ray_2", "ray_4")]
+    assert lagged["miss"] == "the lag bound: it set the predicted pace; ray measured lag 1"
+    # predicted trainer-bound, the parts the same, and the trainer of the run waited
+    write("ray_4", "ray", 0.3, alt(ray_2=0.22, ray_4=0.3), ray_parts, busy=0.7)
+    waited = {(r["from"], r["predicts"]): r for r in pairs.pair_rows(tmp_path)}[("ray_4", "ray_2")]
+    assert waited["miss"] is None  # (0.22 against 0.2: within 15%)
+    write("ray_2", "ray", 0.3, alt(ray_2=0.3, ray_4=0.2), ray_parts, busy=0.7)
+    waited = {(r["from"], r["predicts"]): r for r in pairs.pair_rows(tmp_path)}[("ray_4", "ray_2")]
+    assert waited["miss"] == "the trainer's wait: busy 0.70 in ray, where the parts say it never waits"
+    # parts measured with other threads: the model scales each by the ratio, and the miss says so
+    two, one = {"generate_threads": 2, "train_threads": 2}, {"generate_threads": 1, "train_threads": 1}
+    write("sync", "sync", 0.35, alt(sync=0.352, ray_1=0.53), {**sync_parts, **two})
+    write("ray_1", "ray", 0.36, alt(sync=0.2, ray_1=0.37), {**ray_parts, "generate_s": 0.2, **one})
+    threaded = {(r["from"], r["predicts"]): r for r in pairs.pair_rows(tmp_path)}[("sync", "ray_1")]
+    # the trainer's 0.18 s at two threads is the 0.36 at one that ray measured; the batch's 0.17 is not 0.2
+    assert threaded["miss"] == "a searcher's batch: 0.17 s in sync, 0.2 s in ray (2 -> 1 threads: expected 0.34 s)"

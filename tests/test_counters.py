@@ -24,6 +24,7 @@ def test_several_searchers_combine_by_each_counters_reduction():
         4,
         **{
             "elapsed_s": 10.0,
+            "cpu_s": 6.0,
             "searcher/engine_busy": 0.5,
             "searcher/reward_mean": 0.2,
             "weights/load_s": 0.3,
@@ -39,6 +40,7 @@ def test_several_searchers_combine_by_each_counters_reduction():
         6,
         **{
             "elapsed_s": 5.0,
+            "cpu_s": 2.0,
             "searcher/engine_busy": 0.9,
             "searcher/reward_mean": math.nan,  # no finished group yet: left out of the mean
             "weights/load_s": 0.1,
@@ -56,6 +58,7 @@ def test_several_searchers_combine_by_each_counters_reduction():
     assert out["searcher/group_latency_p50_s"] == 2.0 and out["searcher/group_latency_p95_s"] == 6.0
     assert out["reward/correct_mean"] == 0.5 and out["weights/received"] == 3.0  # only a reported
     assert out["searcher/completions_per_s"] == 4.0 and out["searcher/tokens_per_s"] == 40.0  # over the longest
+    assert out["searcher/cpu_per_completion_s"] == pytest.approx(8.0 / 40)  # every searcher's CPU seconds
     assert "searcher/in_flight" not in out  # no streaming searcher: not a zero
     assert combine([]) == {}
 

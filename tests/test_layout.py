@@ -13,7 +13,18 @@ from tba.cli import main
 from tba.config import ConfigError, load_config
 from tba.hardware import Hardware
 from tba.plan import make_plan, plan_run
-from tba.plan.cost import Layout, Prediction, StepParts, Workload, decode_step_s, gpu_parts, parts, predict, train_mfu
+from tba.plan.cost import (
+    NICE_SHARE,
+    Layout,
+    Prediction,
+    StepParts,
+    Workload,
+    decode_step_s,
+    gpu_parts,
+    parts,
+    predict,
+    train_mfu,
+)
 from tba.plan.layout import TIE, Candidate, candidates, ranked, ties
 from tba.plan.machines import described
 from tba.plan.shape import model_shape
@@ -97,6 +108,33 @@ def test_the_lag_bound_holds_a_trainer_that_many_searchers_would_feed():
     # at most 32 steps over two of a searcher's batches
     assert held.step_s == pytest.approx(2 * held.parts["generate_s"] / 32)
     assert 0.4 < free.step_s / held.step_s < 0.55  # bench_scale's first run: 0.44
+
+
+def test_on_shared_cores_the_trainer_keeps_its_cores_and_the_searchers_share_what_it_leaves():
+    # measured: a searcher's batch 0.2 s on one thread (0.2 CPU seconds, a core busy); the trainer's
+    # step 0.2 s on two threads (0.36 CPU seconds: 0.9 of a core each)
+    p = StepParts(0.2, 0.2, 0.0, generate_cpu_s=0.2, train_cpu_s=0.36, generate_threads=1, train_threads=2)
+    ray = dict(cores=2, trainer_threads=1, searcher_threads=1)
+    # one thread: the trainer's same CPU seconds at 0.9 of one core, 0.4 s; one searcher on the
+    # core it leaves: trainer-bound
+    one = predict(p, Layout("ray", 64, 64, searchers=1, **ray))
+    assert one.step_s == pytest.approx(0.4) and one.bound == "trainer"
+    assert one.parts["generate_s"] == pytest.approx(0.2)
+    # four searchers ask for four cores; beside the trainer's step they get the 1.1 it leaves (and
+    # a nice-15 share of its 0.9)
+    four = predict(p, Layout("ray", 64, 64, searchers=4, **ray))
+    left = 2 - 0.9 + 0.9 * NICE_SHARE
+    assert four.parts["generate_s"] == pytest.approx(0.2 * 4 / left) and four.step_s == pytest.approx(0.4)
+    # a step that needs 4 batches of each: they make 0.4 / batch of them beside the step, the rest
+    # on both cores once it waits, at half speed
+    batch = 0.2 * 4 / left
+    slow = predict(p, Layout("ray", 256, 16, searchers=4, **ray))
+    assert slow.bound == "searchers" and slow.step_s == pytest.approx(0.4 + 0.2 * 2 * (4 - 0.4 / batch))
+    # the sync runtime on both threads: generation's CPU seconds at two cores, the step as measured
+    assert predict(p, Layout("sync", 64, 64, cores=2, trainer_threads=2)).step_s == pytest.approx(0.1 + 0.2)
+    # without CPU seconds, or with cores of their own, the parts add as before
+    assert predict(StepParts(1.0, 0.2, 0.0), Layout("ray", 64, 64, cores=1)).step_s == pytest.approx(1.0)
+    assert predict(p, Layout("ray", 64, 64, searchers=4)).step_s == pytest.approx(0.2)
 
 
 def test_a_shared_gpu_slows_both_by_the_measured_factors():

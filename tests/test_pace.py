@@ -14,10 +14,13 @@ class Clock:
     """A step clock whose active and paused seconds the test sets."""
 
     def __init__(self) -> None:
-        self.active = self.paused_s = 0.0
+        self.active = self.paused_s = self.cpu = 0.0
 
     def active_s(self) -> float:
         return self.active
+
+    def active_cpu_s(self) -> float:
+        return self.cpu
 
 
 def sync_record(generate=0.2, train=0.1, publish=0.01, load=0.005, lag=0.0) -> dict:
@@ -31,9 +34,10 @@ def sync_record(generate=0.2, train=0.1, publish=0.01, load=0.005, lag=0.0) -> d
     }
 
 
-def run(meter: PaceMeter, clock: Clock, steps: range, record: dict, active: float, pause: float = 0.0) -> None:
+def run(meter: PaceMeter, clock: Clock, steps: range, record: dict, active: float, pause: float = 0.0, cpu=0.0) -> None:
     for step in steps:
         clock.active += active
+        clock.cpu += cpu  # the trainer process's CPU seconds
         meter.after_step(step, dict(record))
         clock.paused_s += pause  # the observers after the meter pause the loop
 
@@ -45,14 +49,17 @@ def test_the_first_steps_predict_the_rest_and_the_error_is_measured_over_predict
     assert meter.early == 6
     meter.announce()
     assert said.pop() == "pace: steps 2-7 will predict the rest (tba train --parts-from=RUN predicts before a run)"
-    # steps 1-7 at 0.33 s: 0.2 generation (a 0.005 load in it), 0.1 optimizer, 0.01 publication, 0.02 the rest
-    run(meter, clock, range(1, 8), sync_record(), 0.33, pause=0.5)
+    # steps 1-7 at 0.33 s: 0.2 generation (a 0.005 load in it), 0.1 optimizer, 0.01 publication, 0.02 the rest;
+    # 0.5 CPU seconds a step, 0.3 of them the generation's
+    run(meter, clock, range(1, 8), {**sync_record(), "searcher/generate_cpu_s": 0.3}, 0.33, pause=0.5, cpu=0.5)
     assert meter.prediction is not None and meter.predicted_from == (2, 7)
     assert meter.prediction.step_s == pytest.approx(0.195 + 0.1 + 0.02 + 0.015) == pytest.approx(0.33)
     assert said and said[0].startswith("pace: steps 2-7 predict 0.33 s a step (turns-bound)")
     # the rest runs 10% slower: the generation took longer
-    run(meter, clock, range(8, 61), sync_record(generate=0.233), 0.363, pause=0.5)
+    run(meter, clock, range(8, 61), {**sync_record(generate=0.233), "searcher/generate_cpu_s": 0.3}, 0.363, 0.5, 0.5)
     s = meter.summary()
+    assert s["measured"]["parts"]["generate_cpu_s"] == pytest.approx(0.3)
+    assert s["measured"]["parts"]["train_cpu_s"] == pytest.approx(0.2)
     assert set(s) == {"predicted", "measured", "error", "alternatives"}
     assert s["predicted"]["from_steps"] == [2, 7] and s["predicted"]["bound"] == "turns"
     assert s["measured"]["steps"] == 53 and s["measured"]["step_s"] == pytest.approx(0.363)
@@ -71,7 +78,12 @@ def test_the_first_steps_predict_the_rest_and_the_error_is_measured_over_predict
     assert "ray with 2 searcher(s)" in line and "the sync runtime" not in line and "cores" not in line
     # measured on a machine without GPUs: the ray runtime's figures say what they assume
     on_cpu = pace_line({**s, "runtime": "sync", "environment": {"cores": 2, "gpus": []}})
-    assert on_cpu.endswith("(ray's figures give searchers cores of their own; on 2 cores they share the trainer's)")
+    shared = "(ray's figures share the 2 cores by each part's CPU seconds; Ray's own processes not counted)"
+    assert on_cpu.endswith(shared)
+    # a run whose parts have no CPU seconds (an older tba's) gave searchers cores of their own
+    s["measured"]["parts"].update(generate_cpu_s=0.0, train_cpu_s=0.0)
+    older = pace_line({**s, "runtime": "sync", "environment": {"cores": 2, "gpus": []}})
+    assert older.endswith("(ray's figures give searchers cores of their own; on 2 cores they share the trainer's)")
 
 
 def test_the_ray_runtime_reads_a_searchers_batch_from_their_rate_and_its_wait():
@@ -80,10 +92,12 @@ def test_the_ray_runtime_reads_a_searchers_batch_from_their_rate_and_its_wait():
     meter = PaceMeter(layout, clock, steps=30, log=lambda m: None)
     # two searchers of 1 s batches: 128 completions a second; each step waits 0.35 for 0.15 of work
     record = {"train/step_s": 0.1, "trainer/wait_s": 0.35, "searcher/completions_per_s": 128.0, "weights/load_s": 0.0}
-    run(meter, clock, range(1, 31), record, 0.5)
+    record["searcher/cpu_per_completion_s"] = 1.5 / 64  # a batch keeps 1.5 cores busy
+    run(meter, clock, range(1, 31), record, 0.5, cpu=0.3)
     s = meter.summary()
     parts = s["measured"]["parts"]
     assert parts["generate_s"] == pytest.approx(1.0) and parts["overhead_s"] == pytest.approx(0.05)
+    assert parts["generate_cpu_s"] == pytest.approx(1.5) and parts["train_cpu_s"] == pytest.approx(0.3)
     assert s["measured"]["trainer_busy"] == pytest.approx(0.3)
     assert s["predicted"]["bound"] == "searchers" and s["predicted"]["step_s"] == pytest.approx(0.5)
     assert s["error"] == pytest.approx(0.0, abs=1e-9)

@@ -12,6 +12,7 @@ from tests.helpers.datasets import GSM8K_ROWS
 from tests.helpers.tiny_bpe import build_bpe_chat_model
 
 from tba.config import load_config
+from tba.machine import usable_cores
 from tba.metrics import read_metrics
 from tba.runtime.async_loop import run_ray
 from tba.runtime.fill import NothingToTrain
@@ -94,7 +95,14 @@ def check_run(run_dir, metric: str, steps: int = 4) -> list[dict]:
     assert summary[f"{metric}_final"] == evals[-1][metric]
     # too short to hold steps out: no prediction, the parts of every step but the first (tba.runtime.pace)
     assert summary["predicted"] is None and summary["measured"]["steps"] == steps - 1
-    assert summary["measured"]["parts"]["train_s"] > 0 and summary["alternatives"]["sync"]["step_s"] > 0
+    parts = summary["measured"]["parts"]
+    assert parts["train_s"] > 0 and summary["alternatives"]["sync"]["step_s"] > 0
+    # on a machine without GPUs, each part in CPU seconds too, with the threads it had
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert parts["train_cpu_s"] > 0 and parts["generate_cpu_s"] > 0
+    threads = plan["trainer_threads"] or usable_cores()
+    assert parts["train_threads"] == threads
+    assert parts["generate_threads"] == (threads if summary["runtime"] == "sync" else plan["searcher_threads"])
     return train
 
 

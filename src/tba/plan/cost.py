@@ -17,6 +17,15 @@ What the composition assumes, in one place:
   A searcher's batch starts with a load of new weights when a publication came since its last one.
 - **A shared GPU** (searchers on the trainer's one GPU): each slows the other by the measured
   factors of ``shared_gpu``; on separate devices nothing is shared.
+- **Shared cores** (a machine without GPUs, where every process of the run computes on the same
+  ``cores``): each part's CPU seconds (every thread's, measured beside its wall seconds) say how
+  many cores it keeps busy. A part's CPU seconds are the same with any number of threads, and each
+  thread keeps as much of a core busy as it did when measured: with other threads, its seconds
+  scale by the ratio. The trainer (``tba train``, nice 0) keeps the cores it uses: Ray starts its
+  workers at nice 15 (``RAY_worker_niceness``), whose CFS weight is 36 against 1024. The searchers
+  (which generate without pause, ``runtime.max_ahead`` unset) share the cores the trainer leaves
+  while it steps, every core while it waits; where they ask for more, each batch is slowed by what
+  they ask over what they get. Ray's own processes (its scheduler, the inbox actor) are not counted.
 - **The lag bound** (``runtime.max_lag``): the trainer knows a searcher's weights from its last
   delivered batch, generated with the version it held a batch earlier, so it takes at most that many
   steps over two of a searcher's batches: a step lasts at least two batches' seconds over the bound
@@ -60,6 +69,14 @@ class StepParts:
     """A publication's seconds on the trainer's path (off it, by a background thread: about 0)."""
     overhead_s: float = 0.0
     """The runtime's own seconds in a trainer step (ingesting groups, the buffer, the board)."""
+    generate_cpu_s: float = 0.0
+    """A searcher's batch in CPU seconds, every thread's (0: not measured; only shared cores use it)."""
+    train_cpu_s: float = 0.0
+    """The trainer process's CPU seconds a step, every thread's, generation left out (0: not measured)."""
+    generate_threads: int = 0
+    """The torch threads a searcher's batch was measured with (0: not known)."""
+    train_threads: int = 0
+    """The torch threads the trainer's step was measured with (0: not known)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,11 @@ class Layout:
     sync_interval: int = 1
     lag_bound: int | None = None
     """``runtime.max_lag`` resolved (None: no bound)."""
+    cores: int | None = None
+    """The cores every process of the run shares (a machine without GPUs); None: each has its own."""
+    trainer_threads: int | None = None
+    """The trainer process's torch threads (None: as many as it had when its parts were measured)."""
+    searcher_threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,29 +129,67 @@ def predict(p: StepParts, layout: Layout, shared_gpu: dict | None = None) -> Pre
     gives how much a searcher and the trainer slow each other on one GPU."""
     c_step, c_batch, k = layout.completions_per_step, layout.completions_per_batch, layout.sync_interval
     if layout.runtime == "sync":  # one batch a step, whatever the trainer's batch draws from the buffer
-        generate = p.generate_s
-        step = generate + p.train_s + p.overhead_s + (p.publish_s + p.load_s) / k
-        info = {"generate_s": generate, "train_s": p.train_s, "load_s": p.load_s / k}
+        generate, train = p.generate_s, p.train_s
+        if layout.cores:  # generation and training on the process's threads
+            generate = _threaded(p.generate_s, p.generate_cpu_s, p.generate_threads, layout.trainer_threads)[0]
+            train = _threaded(p.train_s, p.train_cpu_s, p.train_threads, layout.trainer_threads)[0]
+        step = generate + train + p.overhead_s + (p.publish_s + p.load_s) / k
+        info = {"generate_s": generate, "train_s": train, "load_s": p.load_s / k}
         return Prediction(step, 1.0, (k - 1) / 2, "turns", info)
     slow = shared_gpu or parts()["shared_gpu"]
     gen_slow, train_slow = (1 / slow["generation"], slow["trainer"]) if layout.shared else (1.0, 1.0)
     trainer = (p.train_s + p.publish_s / k) * train_slow + p.overhead_s
+    generate, on, off = p.generate_s * gen_slow, 1.0, 1.0
+    if layout.cores and p.generate_cpu_s > 0 and p.train_cpu_s > 0:
+        trainer, generate, on, off = _on_shared_cores(p, layout, trainer)
+    batches = c_step / (layout.searchers * c_batch)  # each searcher's batches a step
     # a batch starts with a load when a publication came since the last: at most every batch
-    batch, step = p.generate_s * gen_slow + p.load_s, trainer
+    trainer_s = trainer
+    batch, step = generate * on + p.load_s, trainer_s
     for _ in range(200):  # the fraction of batches that load depends on the step: a fixed point
         loads = min(1.0, batch / (k * step))
-        new_batch = p.generate_s * gen_slow + p.load_s * loads
-        data = new_batch * c_step / (layout.searchers * c_batch)
+        new_batch = generate * on + p.load_s * loads
+        # the searchers make a step's data at their share of the cores beside the trainer's step,
+        # and, for what is left when it ends, at their share alone
+        made = trainer_s / new_batch
+        data = new_batch * batches
+        if made < batches:
+            data = trainer_s + (generate * off + p.load_s * loads) * (batches - made)
         held = 2 * new_batch / layout.lag_bound if layout.lag_bound else 0.0
-        new = max(trainer, data, held)
+        new = max(trainer_s, data, held)
         settled = abs(new - step) < 1e-12 * new and abs(new_batch - batch) < 1e-12 * new_batch
         batch, step = new_batch, new
         if settled:
             break
     loads = min(1.0, batch / (k * step))
-    bound = max((trainer, "trainer"), (data, "searchers"), (held, "lag"))[1]
-    info = {"generate_s": batch, "train_s": trainer, "data_s": data, "loads_per_batch": loads}
-    return Prediction(step, min(1.0, trainer / step), batch / step + (k - 1) / 2, bound, info)
+    bound = max((trainer_s, "trainer"), (data, "searchers"), (held, "lag"))[1]
+    info = {"generate_s": batch, "train_s": trainer_s, "data_s": data, "loads_per_batch": loads}
+    return Prediction(step, min(1.0, trainer_s / step), batch / step + (k - 1) / 2, bound, info)
+
+
+NICE_SHARE = 36 / 1024
+"""A nice-15 thread's CFS weight against a nice-0 one's: what a searcher gets of a core the trainer computes on."""
+
+
+def _threaded(wall_s: float, cpu_s: float, measured: int, threads: int | None) -> tuple[float, float]:
+    """A part's seconds alone and the cores it keeps busy with ``threads`` torch threads, from its
+    seconds and CPU seconds measured with ``measured`` threads: the same CPU seconds, each thread
+    as busy as it was (unknown threads: as measured)."""
+    busy = cpu_s / wall_s if wall_s > 0 else 0.0
+    if not (measured and threads) or measured == threads:
+        return wall_s, busy
+    return wall_s * measured / threads, busy * threads / measured
+
+
+def _on_shared_cores(p: StepParts, layout: Layout, trainer_s: float) -> tuple[float, float, float, float]:
+    """The trainer's step and a searcher's batch alone with the layout's threads, and how much
+    slower a searcher's batch is on ``layout.cores`` while the trainer steps (``on``: the cores it
+    leaves) and while it waits (``off``: every core)."""
+    trainer, trainer_cores = _threaded(trainer_s, p.train_cpu_s, p.train_threads, layout.trainer_threads)
+    generate, searcher_cores = _threaded(p.generate_s, p.generate_cpu_s, p.generate_threads, layout.searcher_threads)
+    asked = layout.searchers * searcher_cores
+    left = max(layout.cores - trainer_cores, 0.0) + min(trainer_cores, layout.cores) * NICE_SHARE
+    return trainer, generate, max(1.0, asked / left), max(1.0, asked / layout.cores)
 
 
 # ---- parts on a GPU, from the parts file ---------------------------------------------------------

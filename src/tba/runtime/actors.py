@@ -68,7 +68,7 @@ class SearcherWorker:
         """Generate until the trainer says stop; returns the number of batches generated."""
         if self.start_error is not None:
             raise CouldNotStart(self.start_error)
-        start, batches, paused_s = time.perf_counter(), 0, 0.0
+        start, cpu, batches, paused_s = time.perf_counter(), time.process_time(), 0, 0.0
         place = ray.get(self.inbox.place.remote(self.searcher.searcher_id))
         if place is not None:  # an earlier process of this searcher's, or a checkpoint's: go on from there
             self.searcher.resume_place(place)
@@ -81,6 +81,7 @@ class SearcherWorker:
                 {
                     "tokens": self.searcher.stats.tokens,
                     "elapsed_s": time.perf_counter() - start,
+                    "cpu_s": time.process_time() - cpu,
                     "searcher/paused_s": paused_s,
                 }
             )

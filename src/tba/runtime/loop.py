@@ -77,12 +77,14 @@ class StepClock:
         self.peak = PeakMemory(device)
         self.step_peak = 0.0
         self.start = self.begun = self.trained = self.observed = time.perf_counter()
-        self.busy_s = self.paused_s = self.wait_total_s = self.longest_pause_s = 0.0
+        self.cpu_start = self.observed_cpu = time.process_time()
+        self.busy_s = self.paused_s = self.paused_cpu_s = self.wait_total_s = self.longest_pause_s = 0.0
         self.samples = 0
 
     def restart(self) -> None:
         """The loop starts now: its active time counts from here."""
         self.start = self.observed = time.perf_counter()
+        self.cpu_start = self.observed_cpu = time.process_time()
 
     def begin(self) -> None:
         self.begun = time.perf_counter()
@@ -102,13 +104,19 @@ class StepClock:
         self.samples += self.samples_per_step
         self.step_peak = max(self.step_peak, self.peak.read())
         self.observed = time.perf_counter()
+        self.observed_cpu = time.process_time()
 
     def paused(self) -> None:
         """The observers are done: their time is not the loop's."""
         self.paused_s += time.perf_counter() - self.observed
+        self.paused_cpu_s += time.process_time() - self.observed_cpu
 
     def active_s(self) -> float:
         return max(time.perf_counter() - self.start - self.paused_s, 1e-9)
+
+    def active_cpu_s(self) -> float:
+        """The process's CPU seconds (every thread's) in the loop's active time."""
+        return time.process_time() - self.cpu_start - self.paused_cpu_s
 
     def metrics(self) -> dict[str, float]:
         active = self.active_s()

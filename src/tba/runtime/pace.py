@@ -11,6 +11,7 @@ The parts (:class:`tba.plan.cost.StepParts`) come from each step's record and th
 - ``generate_s``: a searcher's batch as the searcher's own calls measure it, a load left out (the
   sync runtime: ``searcher/generate_s`` each step; the ray runtime: the searchers' completions a
   second, ``searcher/completions_per_s``, over a batch's completions and their number);
+- ``generate_cpu_s`` and ``train_cpu_s``: the same in CPU seconds (below);
 - ``overhead_s``: the rest of a step's active time (draining the inbox, the buffer, the ledger):
   the step less the wait for data (ray) or the generation (sync), the optimizer and the publication.
 
@@ -21,9 +22,11 @@ The first step is left out of both windows (its allocations and first calls are 
 pace). The next :func:`early_steps` steps measure the parts that predict the rest of the run; that
 prediction is printed when they are done and held to the steps after them, which it never saw.
 At the end the whole run's parts (the first step left out) predict the sync runtime and the ray
-runtime with 1, 2 and 4 searchers, on the devices this run had: on a machine where searchers would
-share the trainer's cores, those of the ray runtime assume cores of their own (the model has no
-term yet for processes sharing cores).
+runtime with 1, 2 and 4 searchers, on the devices this run had. On a machine without GPUs the
+processes share its cores: the trainer's CPU seconds a step (the process's, every thread's, in
+the loop's active time; the sync runtime's generation left out) and a searcher's a batch (the
+sync runtime's: ``searcher/generate_cpu_s``; the ray runtime's: ``searcher/cpu_per_completion_s``)
+say how many cores each keeps busy (:mod:`tba.plan.cost`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from tba.config import GenerationConfig, TrainerConfig
 from tba.errors import UserError
+from tba.machine import usable_cores
 from tba.plan.cost import Layout, Prediction, StepParts, predict
 
 ALTERNATIVE_SEARCHERS = (1, 2, 4)
@@ -63,10 +67,16 @@ class Window:
     lag: float = 0.0
     lag_steps: int = 0
     rate: float | None = None  # searcher/completions_per_s, its latest (a run-long rate)
+    cpu_s: float = 0.0  # the trainer process's CPU seconds in the loop's active time
+    generate_cpu_s: float = 0.0  # the sync runtime's generation, in CPU seconds
+    cpu_per_completion: float | None = None  # the searchers' (ray), their latest run-long figure
 
-    def add(self, record: dict, active_s: float, paused_s: float, published: bool) -> None:
+    def add(self, record: dict, active_s: float, paused_s: float, published: bool, cpu_s: float = 0.0) -> None:
         self.steps += 1
         self.active_s += active_s
+        self.cpu_s += cpu_s
+        self.generate_cpu_s += record.get("searcher/generate_cpu_s", 0.0)
+        self.cpu_per_completion = record.get("searcher/cpu_per_completion_s", self.cpu_per_completion)
         self.paused_s += paused_s
         self.wait_s += record.get("trainer/wait_s", 0.0)
         self.generate_s += record.get("searcher/generate_s", 0.0)
@@ -88,12 +98,20 @@ class Window:
         if layout.runtime == "sync":  # a batch a step, its load (every k steps) inside it
             generate = self.generate_s / n - load / k
             overhead = (self.active_s - self.generate_s - self.train_s - self.publish_s) / n
+            generate_cpu, train_cpu = self.generate_cpu_s / n, (self.cpu_s - self.generate_cpu_s) / n
         else:  # each searcher's batch: the searchers' rate over a batch's completions
             batch = layout.searchers * layout.completions_per_batch / self.rate if self.rate else 0.0
             step = self.active_s / n
             generate = batch - load * min(1.0, batch / (k * step)) if step else batch
             overhead = (self.active_s - self.wait_s - self.train_s - self.publish_s) / n
-        return StepParts(max(generate, 0.0), train, load, publish, max(overhead, 0.0))
+            generate_cpu = (self.cpu_per_completion or 0.0) * layout.completions_per_batch
+            train_cpu = self.cpu_s / n
+            generate = _uncrowded(generate, generate_cpu, train_cpu / max(train + overhead, 1e-9), layout)
+        cpu = {"generate_cpu_s": max(generate_cpu, 0.0), "train_cpu_s": max(train_cpu, 0.0)}
+        threads = {"generate_threads": layout.searcher_threads or 0, "train_threads": layout.trainer_threads or 0}
+        if layout.runtime == "sync":  # generation on the trainer's threads
+            threads["generate_threads"] = threads["train_threads"]
+        return StepParts(max(generate, 0.0), train, load, publish, max(overhead, 0.0), **cpu, **threads)
 
     def measured(self) -> dict:
         n = max(self.steps, 1)
@@ -106,9 +124,22 @@ class Window:
         }
 
 
+def _uncrowded(batch_s: float, cpu_s: float, trainer_cores: float, layout: Layout) -> float:
+    """A ray searcher's batch alone, from its seconds measured beside the trainer: where the
+    searchers' threads ask for more of the cores than the trainer leaves them (it keeps what it
+    uses: :mod:`tba.plan.cost`), their batches waited for a core, and alone each thread computes
+    on one, at its CPU seconds over its threads."""
+    threads = layout.searcher_threads or 1
+    if not layout.cores or not cpu_s or layout.searchers * threads <= layout.cores - trainer_cores:
+        return batch_s
+    return min(batch_s, cpu_s / threads)
+
+
 def run_layout(t: TrainerConfig, g: GenerationConfig, plan, searchers: int) -> Layout:
     """A run's layout as the cost model (:mod:`tba.plan.cost`) sees it; ``searchers``:
-    ``runtime.num_searchers`` resolved (the sync runtime has one)."""
+    ``runtime.num_searchers`` resolved (the sync runtime has one). On a machine without GPUs its
+    processes share this machine's cores, with the plan's threads."""
+    cores = usable_cores() if plan.device == "cpu" and not plan.searcher_gpus else None
     return Layout(
         plan.runtime,
         t.batch_prompts * g.group_size,
@@ -118,6 +149,9 @@ def run_layout(t: TrainerConfig, g: GenerationConfig, plan, searchers: int) -> L
         plan.shares_gpu,
         t.sync_interval,
         plan.lag_bound,
+        cores=cores,
+        trainer_threads=(plan.trainer_threads or cores) if cores else None,
+        searcher_threads=plan.searcher_threads if cores else None,
     )
 
 
@@ -130,14 +164,20 @@ def alternatives(parts: StepParts, layout: Layout) -> dict[str, Prediction]:
 
 
 def _with(layout: Layout, runtime: str, searchers: int) -> Layout:
-    """``layout`` in ``runtime`` with ``searchers`` (the sync runtime shares no GPU and has no lag bound)."""
+    """``layout`` in ``runtime`` with ``searchers`` (the sync runtime shares no GPU and has no lag
+    bound). On shared cores, the threads the plan would give: the sync runtime's process every
+    core, the ray runtime's trainer the cores its searchers leave (:func:`tba.plan.placement.trainer_threads`)."""
     ray = runtime == "ray"
+    threads = layout.trainer_threads
+    if layout.cores:
+        threads = max(1, layout.cores - searchers * (layout.searcher_threads or 1)) if ray else layout.cores
     return replace(
         layout,
         runtime=runtime,
         searchers=searchers,
         shared=layout.shared and ray,
         lag_bound=layout.lag_bound if ray else None,
+        trainer_threads=threads,
     )
 
 
@@ -164,7 +204,7 @@ class PaceMeter:
 
     def __post_init__(self) -> None:
         self.early = early_steps(self.steps - self.first)
-        self._active = self._paused = None
+        self._active = self._paused = self._cpu = None
 
     def announce(self) -> None:
         """Say at the start which steps will predict the rest."""
@@ -173,15 +213,15 @@ class PaceMeter:
             self.log(f"pace: steps {a}-{b} will predict the rest (tba train --parts-from=RUN predicts before a run)")
 
     def after_step(self, step: int, record: dict) -> None:
-        active, paused = self.clock.active_s(), self.clock.paused_s
+        active, paused, cpu = self.clock.active_s(), self.clock.paused_s, self.clock.active_cpu_s()
         if self._active is None:  # the first step (first + 1): the clock starts after it
-            self._active, self._paused = active, paused
+            self._active, self._paused, self._cpu = active, paused, cpu
             return
-        d_active, d_paused = active - self._active, paused - self._paused
-        self._active, self._paused = active, paused
+        d_active, d_paused, d_cpu = active - self._active, paused - self._paused, cpu - self._cpu
+        self._active, self._paused, self._cpu = active, paused, cpu
         published = step % self.layout.sync_interval == 0
-        self.window.add(record, d_active, d_paused, published)
-        self.whole.add(record, d_active, d_paused, published)
+        self.window.add(record, d_active, d_paused, published, d_cpu)
+        self.whole.add(record, d_active, d_paused, published, d_cpu)
         if self.early and self.prediction is None and self.window.steps == self.early:
             self.prediction = predict(self.window.parts(self.layout), self.layout)
             self.predicted_from = (step - self.early + 1, step)
@@ -236,6 +276,9 @@ def _cores_note(summary: dict) -> str:
     machine = summary.get("environment") or {}
     if machine and not machine.get("gpus"):
         cores = machine.get("cores", "?")
+        parts = (summary.get("measured") or {}).get("parts", {})
+        if parts.get("generate_cpu_s") and parts.get("train_cpu_s"):
+            return f"ray's figures share the {cores} cores by each part's CPU seconds; Ray's own processes not counted"
         return f"ray's figures give searchers cores of their own; on {cores} cores they share the trainer's"
     return ""
 

@@ -49,10 +49,10 @@ class LocalSource:
             fill.observe(len(groups), len(report.dropped_draws), report.metrics)
 
     def next(self, version: int) -> Delivery:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         groups, _ = self._search()
         gen_s = time.perf_counter() - start
-        metrics = {"searcher/generate_s": gen_s}
+        metrics = {"searcher/generate_s": gen_s, "searcher/generate_cpu_s": time.process_time() - cpu}
         if not self.fresh_only:
             self.c.trainer.ingest(groups)
             return Delivery(generate_s=gen_s, metrics=metrics)

@@ -63,11 +63,12 @@ COUNTERS: tuple[Counter, ...] = (
     # added by the ray runtime's searcher actor
     Counter("tokens", None, cumulative=True),
     Counter("elapsed_s", None, cumulative=True),
+    Counter("cpu_s", None, cumulative=True),  # the searcher process's CPU seconds, every thread's
     Counter("searcher/paused_s", "sum", cumulative=True),
 )
 BY_KEY = {c.key: c for c in COUNTERS}
 PER_FUNCTION = "reward/"  # each reward function's latest mean (``reward/<name>_mean``): finite_mean
-ACTOR_KEYS = ("tokens", "elapsed_s", "searcher/paused_s")  # what the actor adds, not the searcher
+ACTOR_KEYS = ("tokens", "elapsed_s", "cpu_s", "searcher/paused_s")  # what the actor adds, not the searcher
 
 
 def declared(key: str) -> bool:
@@ -118,6 +119,8 @@ def combine(reports: list[dict]) -> dict[str, float]:
     elapsed = max(r["elapsed_s"] for r in reports)
     out["searcher/completions_per_s"] = sum(completions) / max(elapsed, 1e-9)
     out["searcher/tokens_per_s"] = sum(r["tokens"] for r in reports) / max(elapsed, 1e-9)
+    # the CPU seconds a completion took, every thread of the searchers' processes (their pauses' polling included)
+    out["searcher/cpu_per_completion_s"] = sum(r["cpu_s"] for r in reports) / max(sum(completions), 1.0)
     for key in sorted({k for r in reports for k in r if k.startswith(PER_FUNCTION)}):
         value = _finite_mean([r[key] for r in reports if key in r])
         if value is not None:
