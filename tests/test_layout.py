@@ -107,7 +107,8 @@ def test_the_lag_bound_holds_a_trainer_that_many_searchers_would_feed():
     assert free.bound == "searchers" and free.step_s == pytest.approx(4.2 / 32) and held.bound == "lag"
     # at most 32 steps over two of a searcher's batches
     assert held.step_s == pytest.approx(2 * held.parts["generate_s"] / 32)
-    assert 0.4 < free.step_s / held.step_s < 0.55  # bench_scale's first run: 0.44
+    # half the unbounded rate (benchmarks/results/scale/README.md measures 32 stand-in searchers so)
+    assert free.step_s / held.step_s == pytest.approx(0.5)
 
 
 def test_on_shared_cores_the_trainer_keeps_its_cores_and_the_searchers_share_what_it_leaves():

@@ -29,8 +29,7 @@ What the composition assumes, in one place:
 - **The lag bound** (``runtime.max_lag``): the trainer knows a searcher's weights from its last
   delivered batch, generated with the version it held a batch earlier, so it takes at most that many
   steps over two of a searcher's batches: a step lasts at least two batches' seconds over the bound
-  (in bench_scale's first run, 32 searchers of 4.2-s batches under a bound of 32 trained at 0.44
-  of the unbounded rate; this gives 0.48).
+  (``benchmarks/results/scale/README.md`` holds it to 32 stand-in searchers under a bound of 32).
 - **Lag** (in steps, of fresh data): a batch trained as it lands is as old as its generation took
   in steps, plus half a publication interval. Replay of older groups under a surplus is not
   modelled (the buffer's sampling decides it).
