@@ -24,6 +24,7 @@ def test_several_searchers_combine_by_each_counters_reduction():
         4,
         **{
             "elapsed_s": 10.0,
+            "searcher/paused_s": 4.0,  # under runtime.max_ahead
             "cpu_s": 6.0,
             "searcher/engine_busy": 0.5,
             "searcher/reward_mean": 0.2,
@@ -59,6 +60,7 @@ def test_several_searchers_combine_by_each_counters_reduction():
     assert out["reward/correct_mean"] == 0.5 and out["weights/received"] == 3.0  # only a reported
     assert out["searcher/completions_per_s"] == 4.0 and out["searcher/tokens_per_s"] == 40.0  # over the longest
     assert out["searcher/cpu_per_completion_s"] == pytest.approx(8.0 / 40)  # every searcher's CPU seconds
+    assert out["searcher/active_s_per_completion"] == pytest.approx((10.0 - 4.0 + 5.0) / 40)  # not paused
     assert "searcher/in_flight" not in out  # no streaming searcher: not a zero
     assert combine([]) == {}
 

@@ -86,12 +86,13 @@ def test_the_first_steps_predict_the_rest_and_the_error_is_measured_over_predict
     assert older.endswith("(ray's figures give searchers cores of their own; on 2 cores they share the trainer's)")
 
 
-def test_the_ray_runtime_reads_a_searchers_batch_from_their_rate_and_its_wait():
+def test_the_ray_runtime_reads_a_searchers_batch_from_its_seconds_a_completion_and_its_wait():
     layout = Layout("ray", completions_per_step=64, completions_per_batch=64, searchers=2)
     clock = Clock()
     meter = PaceMeter(layout, clock, steps=30, log=lambda m: None)
-    # two searchers of 1 s batches: 128 completions a second; each step waits 0.35 for 0.15 of work
-    record = {"train/step_s": 0.1, "trainer/wait_s": 0.35, "searcher/completions_per_s": 128.0, "weights/load_s": 0.0}
+    # two searchers of 1 s batches of 64: 128 completions a second; each step waits 0.35 for 0.15 of work
+    record = {"train/step_s": 0.1, "trainer/wait_s": 0.35, "weights/load_s": 0.0}
+    record["searcher/active_s_per_completion"] = 1 / 64  # their seconds not paused, a completion
     record["searcher/cpu_per_completion_s"] = 1.5 / 64  # a batch keeps 1.5 cores busy
     run(meter, clock, range(1, 31), record, 0.5, cpu=0.3)
     s = meter.summary()

@@ -9,8 +9,9 @@ The parts (:class:`tba.plan.cost.StepParts`) come from each step's record and th
 - ``publish_s``: a publication's seconds on the trainer's path (``train/publish_s``), per publication;
 - ``load_s``: a searcher's load of one publication (``weights/load_s``, the slowest searcher's latest);
 - ``generate_s``: a searcher's batch as the searcher's own calls measure it, a load left out (the
-  sync runtime: ``searcher/generate_s`` each step; the ray runtime: the searchers' completions a
-  second, ``searcher/completions_per_s``, over a batch's completions and their number);
+  sync runtime: ``searcher/generate_s`` each step; the ray runtime: the searchers' seconds a
+  completion, their pauses under ``runtime.max_ahead`` left out, ``searcher/active_s_per_completion``,
+  times a batch's completions);
 - ``generate_cpu_s`` and ``train_cpu_s``: the same in CPU seconds (below);
 - ``overhead_s``: the rest of a step's active time (draining the inbox, the buffer, the ledger):
   the step less the wait for data (ray) or the generation (sync), the optimizer and the publication.
@@ -66,7 +67,7 @@ class Window:
     load_s: float = 0.0
     lag: float = 0.0
     lag_steps: int = 0
-    rate: float | None = None  # searcher/completions_per_s, its latest (a run-long rate)
+    per_completion: float | None = None  # searcher/active_s_per_completion, its latest (run-long)
     cpu_s: float = 0.0  # the trainer process's CPU seconds in the loop's active time
     generate_cpu_s: float = 0.0  # the sync runtime's generation, in CPU seconds
     cpu_per_completion: float | None = None  # the searchers' (ray), their latest run-long figure
@@ -87,7 +88,7 @@ class Window:
         if record.get("train/lag_fresh") is not None:  # new data's, as the model predicts it (not replay's)
             self.lag += record["train/lag_fresh"]
             self.lag_steps += 1
-        self.rate = record.get("searcher/completions_per_s", self.rate)
+        self.per_completion = record.get("searcher/active_s_per_completion", self.per_completion)
 
     def parts(self, layout: Layout) -> StepParts:
         n = max(self.steps, 1)
@@ -99,8 +100,8 @@ class Window:
             generate = self.generate_s / n - load / k
             overhead = (self.active_s - self.generate_s - self.train_s - self.publish_s) / n
             generate_cpu, train_cpu = self.generate_cpu_s / n, (self.cpu_s - self.generate_cpu_s) / n
-        else:  # each searcher's batch: the searchers' rate over a batch's completions
-            batch = layout.searchers * layout.completions_per_batch / self.rate if self.rate else 0.0
+        else:  # each searcher's batch: its seconds a completion (not paused) times a batch's
+            batch = (self.per_completion or 0.0) * layout.completions_per_batch
             step = self.active_s / n
             generate = batch - load * min(1.0, batch / (k * step)) if step else batch
             overhead = (self.active_s - self.wait_s - self.train_s - self.publish_s) / n

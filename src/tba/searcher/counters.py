@@ -121,6 +121,9 @@ def combine(reports: list[dict]) -> dict[str, float]:
     out["searcher/tokens_per_s"] = sum(r["tokens"] for r in reports) / max(elapsed, 1e-9)
     # the CPU seconds a completion took, every thread of the searchers' processes (their pauses' polling included)
     out["searcher/cpu_per_completion_s"] = sum(r["cpu_s"] for r in reports) / max(sum(completions), 1.0)
+    # and its seconds, the pauses under runtime.max_ahead left out: a batch's, as a searcher's own calls take it
+    active = sum(r["elapsed_s"] - r["searcher/paused_s"] for r in reports)
+    out["searcher/active_s_per_completion"] = active / max(sum(completions), 1.0)
     for key in sorted({k for r in reports for k in r if k.startswith(PER_FUNCTION)}):
         value = _finite_mean([r[key] for r in reports if key in r])
         if value is not None:
