@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tba.machine import usable_cores
 from tba.plan.cost import Layout, StepParts, predict
 from tba.runtime.pace import PaceMeter, early_steps, pace_line
 
@@ -142,14 +143,20 @@ def test_print_plan_predicts_this_config_from_the_parts_a_finished_run_measured(
         "environment": {"cpu": "Some CPU", "cores": 2, "gpus": []},
     }
     (run / "summary.json").write_text(__import__("json").dumps(summary))
-    assert main(["train", "--runtime.type=sync", "--print-plan", "--parts-from", str(run)]) == 0
+    assert main(["train", "--runtime.type=sync", "--run.device=cpu", "--print-plan", "--parts-from", str(run)]) == 0
     out = capsys.readouterr().out.splitlines()
     at = out.index(f"pace from the parts of {run} (sync runtime, Some CPU, 2 cores):")
     assert out[at + 1] == "  this run (sync): 0.35 s a step (turns-bound), trainer busy 1.00, mean lag 0 step(s)"
     # the demo's batch is one searcher batch a step: one searcher delivers it in 0.2 s, the trainer's part 0.15
     assert out[at + 3].startswith("  ray with 1 searcher(s): 0.2 s a step (searchers-bound)")
     assert out[at + 4].startswith("  ray with 2 searcher(s): 0.15 s a step (trainer-bound)")
-    assert out[at + 6] == "  (ray's figures give searchers cores of their own; on 2 cores they share the trainer's)"
+    # parts without CPU seconds, a layout on this machine's cores (the run on its CPU)
+    note = f"ray's figures give searchers cores of their own; on {usable_cores()} cores they share the trainer's"
+    assert out[at + 6] == f"  ({note})"
+    # a layout on GPUs shares no cores: nothing to say about them
+    assert main(["train", "--print-plan", "--hardware=8xh100", "--parts-from", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "pace from the parts of" in out and "cores" not in out.split("pace from the parts of")[1].split("\n", 1)[1]
     # a folder without measured parts: one line that says so, exit 2
     assert main(["train", "--print-plan", f"--parts-from={tmp_path}"]) == 2
     err = capsys.readouterr().err

@@ -153,8 +153,8 @@ def pace_lines(cfg, plan, run_dir: str) -> list[str]:
     """What the parts measured by the run in ``run_dir`` predict for this run's layout and the others."""
     from tba.runtime.pace import foreseen, parts_of_run, run_layout
 
-    parts, source, note = parts_of_run(run_dir)
-    return foreseen(parts, run_layout(cfg.trainer, cfg.generation, plan, cfg.runtime.num_searchers), source, note)
+    parts, source = parts_of_run(run_dir)
+    return foreseen(parts, run_layout(cfg.trainer, cfg.generation, plan, cfg.runtime.num_searchers), source)
 
 
 def under_jemalloc(argv: list[str], debug: bool) -> int | None:

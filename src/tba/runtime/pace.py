@@ -268,25 +268,24 @@ def pace_line(summary: dict) -> str | None:
         head += f" against {p['step_s']:.3g} predicted from steps {a}-{b} ({summary['error']:+.0%}), {p['bound']}-bound"
     others = [(k, v) for k, v in summary["alternatives"].items() if not (k == "sync" and summary["runtime"] == "sync")]
     said = ", ".join(f"{_name(k)} {v['step_s']:.3g} s ({v['bound']}-bound)" for k, v in others)
-    note = _cores_note(summary)
+    machine = summary.get("environment") or {}
+    cores = machine.get("cores", "?") if machine and not machine.get("gpus") else None
+    note = cores_note(measured["parts"], cores)
     return f"{head}; this run's parts predict {said}" + (f" ({note})" if note else "")
 
 
-def _cores_note(summary: dict) -> str:
-    """What the ray runtime's figures assume where its searchers would share the machine's cores."""
-    machine = summary.get("environment") or {}
-    if machine and not machine.get("gpus"):
-        cores = machine.get("cores", "?")
-        parts = (summary.get("measured") or {}).get("parts", {})
-        if parts.get("generate_cpu_s") and parts.get("train_cpu_s"):
-            return f"ray's figures share the {cores} cores by each part's CPU seconds; Ray's own processes not counted"
-        return f"ray's figures give searchers cores of their own; on {cores} cores they share the trainer's"
-    return ""
+def cores_note(parts: dict, cores) -> str:
+    """What the ray runtime's figures assume on ``cores`` that every process shares (None: a
+    machine with GPUs, nothing to say), from ``parts`` (a run's measured parts)."""
+    if not cores:
+        return ""
+    if parts.get("generate_cpu_s") and parts.get("train_cpu_s"):
+        return f"ray's figures share the {cores} cores by each part's CPU seconds; Ray's own processes not counted"
+    return f"ray's figures give searchers cores of their own; on {cores} cores they share the trainer's"
 
 
-def parts_of_run(run_dir: Path) -> tuple[StepParts, str, str]:
-    """The parts a finished run measured (its ``summary.json``), where (the run and its machine),
-    and what the ray runtime's predictions from them assume (:func:`_cores_note`)."""
+def parts_of_run(run_dir: Path) -> tuple[StepParts, str]:
+    """The parts a finished run measured (its ``summary.json``) and where (the run and its machine)."""
     path = Path(run_dir) / "summary.json"
     try:
         summary = json.loads(path.read_text())
@@ -300,12 +299,13 @@ def parts_of_run(run_dir: Path) -> tuple[StepParts, str, str]:
     where = f"{machine.get('cpu', 'an unnamed CPU')}, {machine.get('cores', '?')} cores"
     if machine.get("gpus"):
         where += f", {len(machine['gpus'])} x {machine['gpus'][0]['name']}"
-    return parts, f"{run_dir} ({summary.get('runtime', '?')} runtime, {where})", _cores_note(summary)
+    return parts, f"{run_dir} ({summary.get('runtime', '?')} runtime, {where})"
 
 
-def foreseen(parts: StepParts, layout: Layout, source: str, note: str = "") -> list[str]:
+def foreseen(parts: StepParts, layout: Layout, source: str) -> list[str]:
     """What ``parts`` (measured by ``source``) predict for ``layout`` and its alternatives: the
-    lines ``--parts-from`` prints before a run; ``note``: what the ray runtime's figures assume."""
+    lines ``--parts-from`` prints before a run, with what the ray runtime's figures assume on
+    shared cores."""
     searchers = f" with {layout.searchers} searcher(s)" if layout.runtime == "ray" else ""
     lines = [
         f"pace from the parts of {source}:",
@@ -313,6 +313,7 @@ def foreseen(parts: StepParts, layout: Layout, source: str, note: str = "") -> l
     ]
     for key, p in alternatives(parts, layout).items():
         lines.append(f"  {_name(key)}: {p.describe()}")
+    note = cores_note(asdict(parts), layout.cores)
     if note:
         lines.append(f"  ({note})")
     return lines
