@@ -98,6 +98,7 @@ class Layout:
     trainer_threads: int | None = None
     """The trainer process's torch threads (None: as many as it had when its parts were measured)."""
     searcher_threads: int | None = None
+    """Each searcher process's torch threads (None: as many as when its parts were measured)."""
 
 
 @dataclass(frozen=True)
@@ -143,27 +144,26 @@ def predict(p: StepParts, layout: Layout, shared_gpu: dict | None = None) -> Pre
         trainer, generate, on, off = _on_shared_cores(p, layout, trainer)
     batches = c_step / (layout.searchers * c_batch)  # each searcher's batches a step
     # a batch starts with a load when a publication came since the last: at most every batch
-    trainer_s = trainer
-    batch, step = generate * on + p.load_s, trainer_s
+    batch, step = generate * on + p.load_s, trainer
     for _ in range(200):  # the fraction of batches that load depends on the step: a fixed point
         loads = min(1.0, batch / (k * step))
         new_batch = generate * on + p.load_s * loads
         # the searchers make a step's data at their share of the cores beside the trainer's step,
         # and, for what is left when it ends, at their share alone
-        made = trainer_s / new_batch
+        made = trainer / new_batch
         data = new_batch * batches
         if made < batches:
-            data = trainer_s + (generate * off + p.load_s * loads) * (batches - made)
+            data = trainer + (generate * off + p.load_s * loads) * (batches - made)
         held = 2 * new_batch / layout.lag_bound if layout.lag_bound else 0.0
-        new = max(trainer_s, data, held)
+        new = max(trainer, data, held)
         settled = abs(new - step) < 1e-12 * new and abs(new_batch - batch) < 1e-12 * new_batch
         batch, step = new_batch, new
         if settled:
             break
     loads = min(1.0, batch / (k * step))
-    bound = max((trainer_s, "trainer"), (data, "searchers"), (held, "lag"))[1]
-    info = {"generate_s": batch, "train_s": trainer_s, "data_s": data, "loads_per_batch": loads}
-    return Prediction(step, min(1.0, trainer_s / step), batch / step + (k - 1) / 2, bound, info)
+    bound = max((trainer, "trainer"), (data, "searchers"), (held, "lag"))[1]
+    info = {"generate_s": batch, "train_s": trainer, "data_s": data, "loads_per_batch": loads}
+    return Prediction(step, min(1.0, trainer / step), batch / step + (k - 1) / 2, bound, info)
 
 
 NICE_SHARE = 36 / 1024
