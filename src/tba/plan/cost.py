@@ -187,8 +187,14 @@ def _on_shared_cores(p: StepParts, layout: Layout, trainer_s: float) -> tuple[fl
     trainer, trainer_cores = _threaded(trainer_s, p.train_cpu_s, p.train_threads, layout.trainer_threads)
     generate, searcher_cores = _threaded(p.generate_s, p.generate_cpu_s, p.generate_threads, layout.searcher_threads)
     asked = layout.searchers * searcher_cores
-    left = max(layout.cores - trainer_cores, 0.0) + min(trainer_cores, layout.cores) * NICE_SHARE
+    left = cores_left(layout.cores, trainer_cores)
     return trainer, generate, max(1.0, asked / left), max(1.0, asked / layout.cores)
+
+
+def cores_left(cores: float, trainer_cores: float) -> float:
+    """The cores the searchers get while the trainer computes on ``trainer_cores`` of ``cores``:
+    the rest, and a nice-15 share of the trainer's."""
+    return max(cores - trainer_cores, 0.0) + min(trainer_cores, cores) * NICE_SHARE
 
 
 # ---- parts on a GPU, from the parts file ---------------------------------------------------------

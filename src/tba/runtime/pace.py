@@ -40,7 +40,7 @@ from pathlib import Path
 from tba.config import GenerationConfig, TrainerConfig
 from tba.errors import UserError
 from tba.machine import usable_cores
-from tba.plan.cost import Layout, Prediction, StepParts, predict
+from tba.plan.cost import Layout, Prediction, StepParts, cores_left, predict
 
 ALTERNATIVE_SEARCHERS = (1, 2, 4)
 
@@ -108,11 +108,19 @@ class Window:
             generate_cpu = (self.cpu_per_completion or 0.0) * layout.completions_per_batch
             train_cpu = self.cpu_s / n
             generate = _uncrowded(generate, generate_cpu, train_cpu / max(train + overhead, 1e-9), layout)
-        cpu = {"generate_cpu_s": max(generate_cpu, 0.0), "train_cpu_s": max(train_cpu, 0.0)}
-        threads = {"generate_threads": layout.searcher_threads or 0, "train_threads": layout.trainer_threads or 0}
-        if layout.runtime == "sync":  # generation on the trainer's threads
-            threads["generate_threads"] = threads["train_threads"]
-        return StepParts(max(generate, 0.0), train, load, publish, max(overhead, 0.0), **cpu, **threads)
+        train_threads = layout.trainer_threads or 0  # the sync runtime generates on the trainer's threads
+        generate_threads = train_threads if layout.runtime == "sync" else layout.searcher_threads or 0
+        return StepParts(
+            max(generate, 0.0),
+            train,
+            load,
+            publish,
+            max(overhead, 0.0),
+            generate_cpu_s=max(generate_cpu, 0.0),
+            train_cpu_s=max(train_cpu, 0.0),
+            generate_threads=generate_threads,
+            train_threads=train_threads,
+        )
 
     def measured(self) -> dict:
         n = max(self.steps, 1)
@@ -131,7 +139,7 @@ def _uncrowded(batch_s: float, cpu_s: float, trainer_cores: float, layout: Layou
     uses: :mod:`tba.plan.cost`), their batches waited for a core, and alone each thread computes
     on one, at its CPU seconds over its threads."""
     threads = layout.searcher_threads or 1
-    if not layout.cores or not cpu_s or layout.searchers * threads <= layout.cores - trainer_cores:
+    if not layout.cores or not cpu_s or layout.searchers * threads <= cores_left(layout.cores, trainer_cores):
         return batch_s
     return min(batch_s, cpu_s / threads)
 
