@@ -217,3 +217,32 @@ def test_sampled_metrics_errors() -> None:
         sampled_metrics([], [1])
     with pytest.raises(ValueError, match="eval.pass_k has k=0"):
         sampled_metrics([(["1"] * 2, [1.0] * 2)], [0])
+
+
+def test_answer_spread_counts_right_answers_and_measures_them_against_the_target() -> None:
+    from tba.eval_metrics import answer_spread
+
+    uniform = {"7": 1 / 3, "14": 1 / 3, "21": 1 / 3}
+    # 6 samples: 4 right (7, 7, 14, 21), one wrong, one without an answer
+    got = answer_spread(["7", "7", "14", "21", "9", None], [True, True, True, True, False, False], uniform)
+    assert got["success"] == pytest.approx(4 / 6)
+    assert got["distinct"] == 3
+    p = [0.5, 0.25, 0.25]
+    assert got["entropy"] == pytest.approx(-sum(v * math.log(v) for v in p))
+    assert got["tv"] == pytest.approx(0.5 * (abs(0.5 - 1 / 3) + 2 * abs(0.25 - 1 / 3)))
+    # all mass on one right answer: entropy 0, TV 1 - 1/3; matching the target exactly: TV 0
+    one = answer_spread(["7"] * 4, [True] * 4, uniform)
+    assert one["entropy"] == 0 and one["tv"] == pytest.approx(2 / 3) and one["distinct"] == 1
+    assert answer_spread(["7", "14", "21"], [True] * 3, uniform)["tv"] == pytest.approx(0.0)
+    assert answer_spread(["7", "14", "21"], [True] * 3, uniform)["entropy"] == pytest.approx(math.log(3))
+    # nothing right: success 0, TV 1
+    assert answer_spread(["9", None], [False, False], uniform) == {
+        "success": 0.0,
+        "distinct": 0.0,
+        "entropy": 0.0,
+        "tv": 1.0,
+    }
+    with pytest.raises(ValueError, match="summing to 1"):
+        answer_spread(["7"], [True], {"7": 0.5})
+    with pytest.raises(ValueError, match="as many answers as verdicts"):
+        answer_spread(["7"], [True, False], uniform)

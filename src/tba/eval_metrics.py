@@ -17,7 +17,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 
-__all__ = ["maj_at_k", "pass_at_k", "sampled_metrics"]
+__all__ = ["answer_spread", "maj_at_k", "pass_at_k", "sampled_metrics"]
 
 MAX_EXACT_SUBSETS = 20_000  # above this many k-subsets maj@k switches to Monte Carlo
 MONTE_CARLO_SUBSETS = 2_000  # standard error at most 0.5 / sqrt(2000) ~ 0.011 per problem
@@ -192,3 +192,30 @@ def diversity(embeddings: Sequence[Sequence[float]]) -> float:
     # sum over all pairs of u_i . u_j = |sum_i u_i|^2; the n diagonal terms are 1 each
     off_diagonal = float(total @ total) - float((unit * unit).sum())
     return 1.0 - off_diagonal / (n * (n - 1))
+
+
+def answer_spread(answers: Sequence[str | None], correct: Sequence[bool], target: dict[str, float]) -> dict[str, float]:
+    """How one problem's samples spread over its right answers, against a target distribution.
+
+    ``answers``: each sample's canonical answer (None: none given); ``correct``: whether each is
+    right; ``target``: the distribution over right answers that the samples' right answers should
+    follow (summing to 1; trajectory balance's with a 0/1 reward and no reference: uniform over the
+    right answers). Returns ``success`` (the share of samples that are right), ``distinct`` (how many
+    different right answers were sampled), ``entropy`` (in nats, of the right answers' empirical
+    distribution; 0 with fewer than one) and ``tv`` (total variation distance, ½ Σ |p − q|, between
+    the right answers' empirical distribution p and ``target`` q; 1 where no sample was right)."""
+    if len(answers) != len(correct) or not answers:
+        raise ValueError(
+            f"answer_spread needs as many answers as verdicts, at least one: {len(answers)}, {len(correct)}"
+        )
+    total = sum(target.values())
+    if not target or any(v < 0 for v in target.values()) or not math.isclose(total, 1.0, rel_tol=1e-6):
+        raise ValueError(f"answer_spread: target must be a distribution over right answers, summing to 1 (got {total})")
+    right = Counter(a for a, c in zip(answers, correct, strict=True) if c and a is not None)
+    n_right = sum(right.values())
+    if n_right == 0:
+        return {"success": 0.0, "distinct": 0.0, "entropy": 0.0, "tv": 1.0}
+    p = {a: k / n_right for a, k in right.items()}
+    entropy = -sum(v * math.log(v) for v in p.values())
+    tv = 0.5 * sum(abs(p.get(a, 0.0) - target.get(a, 0.0)) for a in set(p) | set(target))
+    return {"success": n_right / len(answers), "distinct": float(len(right)), "entropy": entropy, "tv": tv}
