@@ -7,9 +7,10 @@ rows of ``{"prompt": [user message], "kind", "lo", "hi", "d" / "s", "answers": [
 Two kinds (``--kinds``):
 
 - ``multiple``: "Name a whole number between LO and HI that is divisible by D": the multiples of D in
-  [LO, HI], 4 to 12 of them;
+  [LO, HI], 4 to 12 of them; D is 2, 5 or 10 (``EASY_DIVISORS``: SmolLM2-135M-Instruct right 10-21%
+  of the time at temperature 1, most of it on one answer), or with ``--hard`` 3 to 13 (about 7%);
 - ``pair``: "Name two one-digit numbers that add up to S": the unordered pairs {a, b} of digits with
-  a + b = S (S from 5 to 13: 3 to 5 pairs).
+  a + b = S (S from 5 to 13: 3 to 5 pairs; SmolLM2 got none of 192 samples right).
 
 A reply is scored by :mod:`rewards` (beside this file): its first number (``multiple``) or its first
 two (``pair``), checked against the rule, not against a list.
@@ -25,11 +26,17 @@ from pathlib import Path
 KINDS = ("multiple", "pair")
 
 
-def multiple(rng: random.Random) -> dict:
+EASY_DIVISORS = (2, 5, 10)
+"""``multiple`` prompts that SmolLM2-135M-Instruct gets right 10-21% of the time at temperature 1."""
+HARD_DIVISORS = (3, 4, 6, 7, 8, 9, 11, 12, 13)
+"""``multiple`` prompts that it gets right a few percent of the time (the sparse-reward setting)."""
+
+
+def multiple(rng: random.Random, divisors=EASY_DIVISORS) -> dict:
     while True:
-        d = rng.choice([3, 4, 5, 6, 7, 8, 9, 11, 12, 13])
-        lo = rng.randint(1, 60)
-        hi = lo + rng.randint(30, 90)
+        d = rng.choice(divisors)
+        lo = rng.randint(1, 30 if d in EASY_DIVISORS else 60)
+        hi = lo + rng.randint(15, 90)
         answers = [n for n in range(lo, hi + 1) if n % d == 0]
         if 4 <= len(answers) <= 12:
             break
@@ -51,9 +58,9 @@ def pair(rng: random.Random) -> dict:
     return {"prompt": [{"role": "user", "content": text}], "kind": "pair", "s": s, "answers": answers}
 
 
-def problems(n: int, kinds: list[str], seed: int = 0) -> list[dict]:
+def problems(n: int, kinds: list[str], seed: int = 0, hard: bool = False) -> list[dict]:
     rng = random.Random(seed)
-    makers = {"multiple": multiple, "pair": pair}
+    makers = {"multiple": lambda r: multiple(r, HARD_DIVISORS if hard else EASY_DIVISORS), "pair": pair}
     seen, rows, tries = set(), [], 0
     while len(rows) < n and tries < 100 * n:  # the pair prompts are few (9): each once
         tries += 1
@@ -69,8 +76,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=["multiple"])
     p.add_argument("-n", type=int, default=400)
+    p.add_argument("--hard", action="store_true", help="the divisors it rarely gets right (HARD_DIVISORS)")
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("problems.jsonl"))
     a = p.parse_args()
-    rows = problems(a.n, a.kinds)
+    rows = problems(a.n, a.kinds, hard=a.hard)
     a.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{a.out}: {len(rows)} rows")
