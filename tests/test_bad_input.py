@@ -214,6 +214,11 @@ CASES = [
         ["raised ZeroDivisionError", "make it handle any completion"],
     ),
     Case(
+        "answer function not in the file",
+        [*DATA, "--task.answer_func={rewards}:answer"],
+        ["task.answer_func", "has no attribute 'answer'", "it defines: constant, crashes, one_short"],
+    ),
+    Case(
         "reward function returns too few",
         [*DATA, "--task.reward_funcs=[{rewards}:one_short]"],
         ["returned 1 values for 2 completions", "return one reward per completion"],

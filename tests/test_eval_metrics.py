@@ -187,8 +187,13 @@ def test_sampled_metrics_two_problems() -> None:
         (["3.0", "4.0", "4.0", "4.0"], [1.0, 0.0, 0.0, 0.0]),  # 1 of 4 right, the mode wrong
     ]
     metrics = sampled_metrics(problems, [1, 2, 4])
-    assert set(metrics) == {"pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4", "mean_score"}
+    assert set(metrics) == {
+        *("pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4"),
+        *("mean_score", "distinct_right", "right_entropy"),
+    }
     assert metrics["mean_score"] == pytest.approx(3 / 8)
+    assert metrics["distinct_right"] == 1.0  # one right answer each ("18.0" twice, "3.0")
+    assert metrics["right_entropy"] == 0.0
     assert metrics["pass@1"] == pytest.approx((0.5 + 0.25) / 2)
     assert metrics["maj@1"] == pytest.approx((0.5 + 0.25) / 2)
     # pass@2: 1 - C(2,2)/C(4,2) = 5/6 and 1 - C(3,2)/C(4,2) = 1/2.
@@ -198,6 +203,17 @@ def test_sampled_metrics_two_problems() -> None:
     assert metrics["maj@2"] == pytest.approx((4 / 6 + 1.5 / 6) / 2)
     assert metrics["pass@4"] == 1.0
     assert metrics["maj@4"] == pytest.approx((1.0 + 0.0) / 2)
+
+
+def test_sampled_metrics_count_distinct_right_answers_over_every_problem() -> None:
+    problems: list[tuple[list[str | None], list[float]]] = [
+        (["7", "14", "21", "5"], [1.0, 1.0, 1.0, 0.0]),  # three right answers, once each
+        (["7", "7", "8", "9"], [1.0, 1.0, 0.0, 0.0]),  # one, twice
+        (["1", "2", "3", "4"], [0.0, 0.0, 0.0, 0.0]),  # none right: 0 and 0, still in the mean
+    ]
+    metrics = sampled_metrics(problems, [1])
+    assert metrics["distinct_right"] == pytest.approx((3 + 1 + 0) / 3)
+    assert metrics["right_entropy"] == pytest.approx(math.log(3) / 3)
 
 
 def test_sampled_metrics_scores_count_as_correct_above_one_half() -> None:

@@ -12,6 +12,7 @@ from tests.helpers.datasets import GSM8K_ROWS
 from tests.helpers.tiny_bpe import build_bpe_chat_model
 
 from tba.config import load_config
+from tba.eval_metrics import sampled_metrics
 from tba.machine import usable_cores
 from tba.metrics import read_metrics
 from tba.runtime.async_loop import run_ray
@@ -158,6 +159,13 @@ def test_gsm8k_task_trains_with_pass_at_k(chat_model, tmp_path, runtime):
     assert summary["eval/pass@2_final"] == last["eval/pass@2"]
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples[0]["prompt"].startswith("[MATH TASK] Problem:") and samples[0]["answer"] == "72"
+    # each problem's sampled answers and verdicts, from which the logged metrics are recomputed
+    answers = [json.loads(line) for line in (run_dir / "eval_answers.jsonl").read_text().splitlines()]
+    assert [a["step"] for a in answers] == [0] * 6 + [2] * 6 + [4] * 6
+    assert all(len(a["answers"]) == len(a["wins"]) == 4 for a in answers)
+    again = sampled_metrics([(a["answers"], a["wins"]) for a in answers if a["step"] == 4], [1, 2])
+    for key in ("pass@1", "maj@2", "distinct_right", "right_entropy"):
+        assert last[f"eval/{key}"] == pytest.approx(again[key], abs=1e-12), key
 
 
 def test_bad_reward_function_fails_before_any_model_or_run_directory(chat_model, chat_dataset, tmp_path):

@@ -1,6 +1,6 @@
 """Prompts with several right answers that a program checks, and whose right answers are known, for
 the diversity study (``bench_diversity.py``) on a real chat model (``benchmarks/real_model.py``):
-rows of ``{"prompt": [user message], "kind", "lo", "hi", "d" / "s", "answers": [every right answer]}``.
+rows of ``{"id", "prompt": [user message], "kind", "lo", "hi", "d" / "s", "answers": [every right answer]}``.
 
     .venv/bin/python benchmarks/many_answers/make_problems.py   # writes problems.jsonl beside it
 
@@ -42,6 +42,7 @@ def multiple(rng: random.Random, divisors=EASY_DIVISORS) -> dict:
             break
     text = f"Name a whole number between {lo} and {hi} that is divisible by {d}. Answer with the number only."
     return {
+        "id": f"multiple-{d}-{lo}-{hi}",
         "prompt": [{"role": "user", "content": text}],
         "kind": "multiple",
         "lo": lo,
@@ -55,7 +56,8 @@ def pair(rng: random.Random) -> dict:
     s = rng.randint(5, 13)
     answers = [f"{a}+{s - a}" for a in range(0, 10) if 0 <= s - a <= 9 and a <= s - a]
     text = f"Name two one-digit numbers that add up to {s}. Answer with the two numbers only, like 2 and 3."
-    return {"prompt": [{"role": "user", "content": text}], "kind": "pair", "s": s, "answers": answers}
+    prompt = [{"role": "user", "content": text}]
+    return {"id": f"pair-{s}", "prompt": prompt, "kind": "pair", "s": s, "answers": answers}
 
 
 def problems(n: int, kinds: list[str], seed: int = 0, hard: bool = False) -> list[dict]:

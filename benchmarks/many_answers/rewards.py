@@ -34,6 +34,11 @@ def is_right(ans: str | None, row: dict) -> bool:
     return a <= 9 and b <= 9 and a + b == row["s"]
 
 
+def first_number(completion: str) -> str | None:
+    """A ``multiple`` reply's answer (``task.answer_func``): what the study counts distinct answers in."""
+    return answer(_text(completion), "multiple")
+
+
 def right(prompts, completions, completion_ids, kind, **columns):
     """1.0 where the reply's answer follows the rule, else 0.0 (tba's reward function form)."""
     out = []

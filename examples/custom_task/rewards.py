@@ -26,3 +26,9 @@ def closeness(completions, answer, scale=20, **kwargs):
         guess = _as_int(c)
         out.append(None if guess is None else max(0.0, 1.0 - abs(guess - int(a)) / scale))
     return out
+
+
+def answer(completion: str) -> str | None:
+    """The number a completion gives, as maj@k and ``eval/distinct_right`` see it (``task.answer_func``)."""
+    guess = _as_int(completion)
+    return None if guess is None else str(guess)

@@ -140,7 +140,10 @@ def _check_problems(problems: Sequence[tuple[Sequence[str | None], Sequence[floa
 
 
 def sampled_metrics(problems: list[tuple[list[str | None], list[float]]], ks: list[int]) -> dict[str, float]:
-    """pass@k and maj@k (means over problems) for each k, and the mean score of all samples.
+    """pass@k and maj@k (means over problems) for each k, the mean score of all samples, and how
+    the right answers spread (:func:`answer_spread`): ``distinct_right``, the distinct right answers
+    a problem, and ``right_entropy``, their entropy in nats (0 for a problem with at most one), both
+    means over every problem.
 
     Each problem is (answer keys, scores) over the same number n of samples; a score above 0.5 counts
     as correct.
@@ -161,6 +164,9 @@ def sampled_metrics(problems: list[tuple[list[str | None], list[float]]], ks: li
         metrics[f"maj@{k}"] = sum(majority) / len(problems)
     all_scores = [float(score) for _, scores in problems for score in scores]
     metrics["mean_score"] = sum(all_scores) / len(all_scores)
+    spreads = [answer_spread(answers, ok) for answers, ok in zip(answer_lists, flags, strict=True)]
+    metrics["distinct_right"] = sum(s["distinct"] for s in spreads) / len(problems)
+    metrics["right_entropy"] = sum(s["entropy"] for s in spreads) / len(problems)
     return metrics
 
 
@@ -194,7 +200,9 @@ def diversity(embeddings: Sequence[Sequence[float]]) -> float:
     return 1.0 - off_diagonal / (n * (n - 1))
 
 
-def answer_spread(answers: Sequence[str | None], correct: Sequence[bool], target: dict[str, float]) -> dict[str, float]:
+def answer_spread(
+    answers: Sequence[str | None], correct: Sequence[bool], target: dict[str, float] | None = None
+) -> dict[str, float]:
     """How one problem's samples spread over its right answers, against a target distribution.
 
     ``answers``: each sample's canonical answer (None: none given); ``correct``: whether each is
@@ -203,19 +211,28 @@ def answer_spread(answers: Sequence[str | None], correct: Sequence[bool], target
     right answers). Returns ``success`` (the share of samples that are right), ``distinct`` (how many
     different right answers were sampled), ``entropy`` (in nats, of the right answers' empirical
     distribution; 0 with fewer than one) and ``tv`` (total variation distance, ½ Σ |p − q|, between
-    the right answers' empirical distribution p and ``target`` q; 1 where no sample was right)."""
+    the right answers' empirical distribution p and ``target`` q; 1 where no sample was right; left
+    out without a target)."""
     if len(answers) != len(correct) or not answers:
         raise ValueError(
             f"answer_spread needs as many answers as verdicts, at least one: {len(answers)}, {len(correct)}"
         )
-    total = sum(target.values())
-    if not target or any(v < 0 for v in target.values()) or not math.isclose(total, 1.0, rel_tol=1e-6):
-        raise ValueError(f"answer_spread: target must be a distribution over right answers, summing to 1 (got {total})")
+    if target is not None:
+        total = sum(target.values())
+        if not target or any(v < 0 for v in target.values()) or not math.isclose(total, 1.0, rel_tol=1e-6):
+            raise ValueError(
+                f"answer_spread: target must be a distribution over right answers, summing to 1 (got {total})"
+            )
     right = Counter(a for a, c in zip(answers, correct, strict=True) if c and a is not None)
     n_right = sum(right.values())
     if n_right == 0:
-        return {"success": 0.0, "distinct": 0.0, "entropy": 0.0, "tv": 1.0}
+        return {"success": 0.0, "distinct": 0.0, "entropy": 0.0, **({"tv": 1.0} if target is not None else {})}
     p = {a: k / n_right for a, k in right.items()}
-    entropy = -sum(v * math.log(v) for v in p.values())
-    tv = 0.5 * sum(abs(p.get(a, 0.0) - target.get(a, 0.0)) for a in set(p) | set(target))
-    return {"success": n_right / len(answers), "distinct": float(len(right)), "entropy": entropy, "tv": tv}
+    out = {
+        "success": n_right / len(answers),
+        "distinct": float(len(right)),
+        "entropy": -sum(v * math.log(v) for v in p.values()),
+    }
+    if target is not None:
+        out["tv"] = 0.5 * sum(abs(p.get(a, 0.0) - target.get(a, 0.0)) for a in set(p) | set(target))
+    return out

@@ -76,8 +76,10 @@ def evaluate(
     metrics.update(_per_group(task, prompts, scores))
     if conversations is not None:
         metrics["eval/turns"] = sum(o.turns for o in outs) / len(outs)
+    answers: list[dict] = []
     if settings.samples > 1:
-        metrics.update(_sampled(task, generator, tokenizer, prompts, ids, eos, settings, stats, conversations))
+        found, answers = _sampled(task, generator, tokenizer, prompts, ids, eos, settings, stats, conversations)
+        metrics.update(found)
     samples = [
         {"id": p.id, "prompt": p.text, "completion": t, "score": s, "answer": p.answer}
         for p, t, s in list(zip(prompts, texts, scores, strict=True))[: settings.log_samples]
@@ -85,7 +87,7 @@ def evaluate(
     if conversations is not None:  # the whole conversation, with the tools' answers
         for sample, o in zip(samples, outs, strict=False):
             sample["conversation"] = o.messages
-    return EvalResult(metrics, samples)
+    return EvalResult(metrics, samples, answers)
 
 
 def _per_group(task: Task, prompts, scores) -> dict[str, float]:
@@ -121,7 +123,9 @@ def _scores(task: Task, prompts, texts, outs, stats) -> list[float | None]:
 
 def _sampled(
     task: Task, generator, tokenizer, prompts, ids, eos, settings: EvalSettings, stats, conversations=None
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[dict]]:
+    """The sampled metrics, and each problem's sampled answers (``task.answer_key``) with their
+    verdicts, for ``eval_answers.jsonl``."""
     if not task.success_scores:
         raise ValueError(
             f"eval.samples={settings.samples} needs a task whose scores are successes; "
@@ -139,16 +143,17 @@ def _sampled(
     texts = reply_texts(tokenizer, outs, eos)
     flat_prompts = [p for p in prompts for _ in range(n)]
     scores = _scores(task, flat_prompts, texts, outs, stats)
-    problems = []
-    for i in range(len(prompts)):
+    problems, answers = [], []
+    for i, prompt in enumerate(prompts):
         part = slice(i * n, (i + 1) * n)
         keys = [task.answer_key(t) for t in texts[part]]
         wins = [1.0 if s is not None and task.is_success(s) else 0.0 for s in scores[part]]
         problems.append((keys, wins))
+        answers.append({"id": prompt.id, "answers": keys, "wins": wins})
     found = sampled_metrics(problems, list(settings.pass_k))
     out = {f"eval/{name}": value for name, value in found.items() if name != "mean_score"}
     out["eval/sampled_success"] = found["mean_score"]
-    return out
+    return out, answers
 
 
 def eval_settings(
@@ -230,9 +235,12 @@ class Evaluator:
             self.generator.load_weights(state, version=-1)
 
 
-def write_samples(run_dir: Path, step: int, samples: list[dict]) -> None:
-    """Append an evaluation's completions, with their scores, to ``<run>/samples.jsonl``."""
-    if samples:
-        with (Path(run_dir) / "samples.jsonl").open("a") as f:
-            for sample in samples:
-                f.write(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n")
+def write_samples(run_dir: Path, step: int, samples: list[dict], answers: list[dict] = ()) -> None:
+    """Append an evaluation's completions, with their scores, to ``<run>/samples.jsonl``, and with
+    ``eval.samples`` > 1 each problem's sampled answers and verdicts (one line a problem:
+    ``{"step", "id", "answers", "wins"}``) to ``<run>/eval_answers.jsonl``."""
+    for name, records in (("samples.jsonl", samples), ("eval_answers.jsonl", answers)):
+        if records:
+            with (Path(run_dir) / name).open("a") as f:
+                for record in records:
+                    f.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")

@@ -134,6 +134,7 @@ class EvalSettings:
 class EvalResult:
     metrics: dict[str, float]  # eval/<name> -> value
     samples: list[dict] = field(default_factory=list)  # records for samples.jsonl
+    answers: list[dict] = field(default_factory=list)  # sampled answers per problem, for eval_answers.jsonl
 
 
 @dataclass

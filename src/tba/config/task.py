@@ -101,6 +101,10 @@ class DatasetTaskConfig(_DataTaskConfig):
     """Column with a reference answer, shown beside completions in ``samples.jsonl``."""
     success_threshold: float | None = None
     """A reward at or above this counts as a success, which enables pass@k and maj@k at evaluation."""
+    answer_func: str | None = None
+    """The answer a completion gives, ``pkg.module:fn`` or ``path/to/file.py:fn`` called as
+    ``fn(completion: str) -> str | None``: what maj@k votes on and what ``eval/distinct_right``
+    counts; default: the completion's stripped text."""
 
     @model_validator(mode="after")
     def _check_weights(self) -> DatasetTaskConfig:

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 import torch
@@ -100,6 +100,7 @@ class Finished:
     step: int
     metrics: dict[str, float]
     samples: list[dict]
+    answers: list[dict] = field(default_factory=list)
 
 
 @ray.remote
@@ -117,7 +118,7 @@ class EvalWorker:
         self.evaluator.load_weights(unpack(packed))
         result = self.evaluator()
         metrics = {**result.metrics, "eval/seconds": time.perf_counter() - start}
-        return Finished(step, metrics, result.samples)
+        return Finished(step, metrics, result.samples, result.answers)
 
 
 class BackgroundEvaluation:

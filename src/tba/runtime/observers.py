@@ -114,7 +114,7 @@ class FinishedEvaluations:
     def after_step(self, step: int, record: dict) -> None:
         self.shown = []
         for f in self.evaluations.take():
-            write_samples(self.run_dir, f.step, f.samples)
+            write_samples(self.run_dir, f.step, f.samples, f.answers)
             self.metrics.log_samples(f.step, f.samples)
             if message := self.watches.fall.observe(f.step, f.metrics):
                 self.watches.say(message)

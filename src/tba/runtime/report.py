@@ -40,7 +40,7 @@ def evaluate_policy(
         with compute_as(c.policy, c.plan.torch_dtype):  # as searchers compute
             result = evaluator()
     if run_dir is not None:
-        write_samples(run_dir, step, result.samples)
+        write_samples(run_dir, step, result.samples, result.answers)
     if metrics is not None:
         metrics.log_samples(step, result.samples)
     return result.metrics

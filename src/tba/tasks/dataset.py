@@ -17,6 +17,7 @@ from typing import Any
 
 from tba.rewards import RewardFn, load_reward_functions, make_reward_fn
 from tba.tasks.data import DatasetLoadError, DataTask
+from tba.user_code import load_object
 
 
 class DatasetTask(DataTask):
@@ -36,6 +37,10 @@ class DatasetTask(DataTask):
             else []
         )
         self.success_scores = cfg.success_threshold is not None
+        self._answer = (
+            load_object(cfg.answer_func, "task.answer_func", DatasetLoadError, base_dir) if cfg.answer_func else None
+        )
+        self.answer_errors = 0  # completions on which task.answer_func raised
         self._scorer = None  # the reward model, loaded by setup() in searcher and evaluation processes
         super().__init__(cfg, tokenizer, chat_template, log)
 
@@ -88,6 +93,18 @@ class DatasetTask(DataTask):
             else:
                 texts.append(p + c)
         return self._scorer.score(texts)
+
+    def answer_key(self, completion: str) -> str | None:
+        if self._answer is None:
+            return super().answer_key(completion)
+        try:
+            key = self._answer(completion)
+        except Exception as e:  # one completion's problem: no answer, said once, never a crash
+            self.answer_errors += 1
+            if self.answer_errors == 1:
+                self.log(f"task.answer_func raised on a completion ({type(e).__name__}: {e}); it counts as no answer")
+            return None
+        return None if key is None else str(key)
 
     def is_success(self, score: float) -> bool:
         threshold = self.cfg.success_threshold
